@@ -1,0 +1,74 @@
+# Warden's one task runner. `make help` lists the targets.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed-stamp
+PROTOS := $(wildcard proto/warden/v1/*.proto)
+PLUGINS := --plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+.PHONY: help
+help: ## Show this help
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-12s %s\n", $$1, $$2}'
+
+.PHONY: install
+install: $(STAMP) ## Create .venv and install Warden with its development tools
+
+.PHONY: run
+run: $(STAMP) ## Serve the plane on 127.0.0.1:50051 with policies/ and var/warden.db
+	$(BIN)/warden serve --config warden.toml
+
+.PHONY: test
+test: $(STAMP) lint typecheck proto-check ## Lint, type-check, check generated code, run every test
+	$(BIN)/warden policy test policies
+	$(BIN)/pytest -q
+
+.PHONY: lint
+lint: $(STAMP) ## ruff check and ruff format --check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+.PHONY: format
+format: $(STAMP) ## Apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+.PHONY: typecheck
+typecheck: $(STAMP) ## mypy over the SDK and the plane
+	$(BIN)/mypy
+
+.PHONY: proto
+proto: $(STAMP) ## Regenerate client/warden/v1 and docs/reference/errors.md from proto/
+	$(PY) -m grpc_tools.protoc -I proto $(PLUGINS) --python_out=client --grpc_python_out=client \
+		--mypy_out=client --mypy_grpc_out=client $(PROTOS)
+	$(PY) -m warden_server.docs_gen > docs/reference/errors.md
+
+.PHONY: proto-check
+proto-check: $(STAMP) ## Fail if the generated code or errors.md differ from proto/
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PY) -m grpc_tools.protoc -I proto $(PLUGINS) --python_out=$$tmp --grpc_python_out=$$tmp \
+		--mypy_out=$$tmp --mypy_grpc_out=$$tmp $(PROTOS) && \
+	for f in $$tmp/warden/v1/*; do \
+		diff -u "client/warden/v1/$$(basename $$f)" "$$f" >/dev/null || \
+		{ echo "generated code is stale: client/warden/v1/$$(basename $$f) (run make proto)"; exit 1; }; \
+	done; \
+	$(PY) -m warden_server.docs_gen | diff -u docs/reference/errors.md - >/dev/null || \
+		{ echo "docs/reference/errors.md is stale (run make proto)"; exit 1; }; \
+	echo "generated code and docs match proto/"
+
+.PHONY: bench
+bench: $(STAMP) ## Run the benchmarks (figures as ratios against an in-run baseline)
+	$(PY) -m benchmarks
+
+.PHONY: clean
+clean: ## Remove the virtual environment, caches and var/
+	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,29 @@
+"""Warden's Python SDK: register capabilities and invoke them under governance.
+
+import warden
+
+rt = warden.Runtime("127.0.0.1:50051", service="orders", token=SERVICE_TOKEN)
+
+@rt.capability("orders.refund", input=RefundIn, output=RefundOut,
+               side_effect="write", errors={"NOT_ELIGIBLE": "This order cannot be refunded."})
+def refund(inp: RefundIn, ctx: warden.Context) -> RefundOut: ...
+
+env = rt.invoke("orders.refund", {"order_id": "A1", "amount": 730}, actor=ACTOR_JWT)
+"""
+
+from warden._context import Actor, Context, DeclaredError
+from warden._envelope import Envelope, unwrap
+from warden._errors import CapabilityError, WardenError
+from warden._runtime import RegisteredCapability, Runtime
+
+__all__ = [
+    "Actor",
+    "CapabilityError",
+    "Context",
+    "DeclaredError",
+    "Envelope",
+    "RegisteredCapability",
+    "Runtime",
+    "WardenError",
+    "unwrap",
+]

@@ -1,0 +1,137 @@
+"""A capability as the SDK holds it: the handler, its models, its definition."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from jsonschema import Draft202012Validator
+from pydantic import BaseModel
+
+from warden._context import DeclaredError
+from warden._errors import WardenError
+from warden.shared.canonical import compact_json
+from warden.shared.schema import compile_validator
+from warden.v1 import registry_pb2
+
+SideEffect = Literal["read", "write", "idempotent"]
+SURFACES = ("mcp", "openai", "direct")
+_SIDE_EFFECTS = {
+    "read": registry_pb2.SIDE_EFFECT_READ,
+    "write": registry_pb2.SIDE_EFFECT_WRITE,
+    "idempotent": registry_pb2.SIDE_EFFECT_IDEMPOTENT,
+}
+_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+
+ErrorSpec = str | DeclaredError | Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilitySpec:
+    """A capability registered with a Runtime."""
+
+    id: str
+    handler: Callable[..., Any]
+    input_model: type[BaseModel]
+    output_model: type[BaseModel]
+    side_effect: SideEffect
+    errors: Mapping[str, DeclaredError]
+    timeout_ms: int | None
+    exposure: tuple[str, ...]
+    required_roles: tuple[str, ...]
+    tags: tuple[str, ...]
+    description: str
+    version: str | None
+    input_schema: dict[str, Any] = field(repr=False)
+    output_schema: dict[str, Any] = field(repr=False)
+    output_validator: Draft202012Validator = field(repr=False, compare=False)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.handler)
+
+    def to_proto(self) -> registry_pb2.CapabilityDefinition:
+        return registry_pb2.CapabilityDefinition(
+            id=self.id,
+            version=self.version or "",
+            description=self.description,
+            input_schema_json=compact_json(self.input_schema),
+            output_schema_json=compact_json(self.output_schema),
+            errors=[
+                registry_pb2.DeclaredError(code=e.code, message=e.message, retryable=e.retryable)
+                for e in self.errors.values()
+            ],
+            side_effect=_SIDE_EFFECTS[self.side_effect],
+            timeout_ms=self.timeout_ms or 0,
+            exposure=list(self.exposure),
+            required_roles=list(self.required_roles),
+            tags=list(self.tags),
+        )
+
+
+def build_spec(
+    capability_id: str,
+    handler: Callable[..., Any],
+    *,
+    input: type[BaseModel],
+    output: type[BaseModel],
+    side_effect: SideEffect,
+    errors: Mapping[str, ErrorSpec] | None,
+    timeout_ms: int | None,
+    exposure: Sequence[str] | None,
+    required_roles: Sequence[str],
+    tags: Sequence[str],
+    description: str | None,
+    version: str | None,
+) -> CapabilitySpec:
+    """Check a decorated definition and derive its JSON Schemas.
+
+    Raises:
+        WardenError: the definition is unusable (the message says why).
+    """
+    where = f"capability {capability_id!r}"
+    if not _ID.match(capability_id):
+        raise WardenError(f"{where}: id must be namespace.name, lowercase, dot separated")
+    for name, model in (("input", input), ("output", output)):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise WardenError(f"{where}: {name}= must be a pydantic model class")
+    if side_effect not in _SIDE_EFFECTS:
+        raise WardenError(f"{where}: side_effect must be read, write or idempotent")
+    surfaces = tuple(exposure) if exposure is not None else SURFACES
+    unknown = sorted(set(surfaces) - set(SURFACES))
+    if unknown:
+        raise WardenError(f"{where}: unknown surfaces {unknown}; known: {', '.join(SURFACES)}")
+    if timeout_ms is not None and timeout_ms <= 0:
+        raise WardenError(f"{where}: timeout_ms must be positive")
+    input_schema = input.model_json_schema(mode="validation")
+    output_schema = output.model_json_schema(mode="serialization")
+    return CapabilitySpec(
+        id=capability_id,
+        handler=handler,
+        input_model=input,
+        output_model=output,
+        side_effect=side_effect,
+        errors={code: _declared(code, spec) for code, spec in (errors or {}).items()},
+        timeout_ms=timeout_ms,
+        exposure=surfaces,
+        required_roles=tuple(required_roles),
+        tags=tuple(tags),
+        description=description or inspect.getdoc(handler) or "",
+        version=version,
+        input_schema=input_schema,
+        output_schema=output_schema,
+        output_validator=compile_validator(output_schema),
+    )
+
+
+def _declared(code: str, spec: ErrorSpec) -> DeclaredError:
+    if isinstance(spec, DeclaredError):
+        return spec
+    if isinstance(spec, str):
+        return DeclaredError(code=code, message=spec)
+    return DeclaredError(
+        code=code, message=str(spec["message"]), retryable=bool(spec.get("retryable", False))
+    )

@@ -1,0 +1,126 @@
+"""The one place gRPC meets the SDK: stubs per event loop, and the mapping
+from gRPC status to the SDK's errors. No ``grpc.RpcError`` leaves this module."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+
+from warden._errors import CapabilityError, WardenError
+from warden.shared.wire import SERVICE_TOKEN_METADATA
+from warden.v1 import governor_pb2, governor_pb2_grpc, registry_pb2, registry_pb2_grpc
+
+T = TypeVar("T")
+
+_TRANSIENT = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
+)
+
+
+class _Stubs:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.governor = governor_pb2_grpc.GovernorStub(channel)
+        self.registry = registry_pb2_grpc.RegistryStub(channel)
+
+
+class Transport:
+    """Async gRPC access to the plane, one channel per event loop."""
+
+    def __init__(self, target: str, token: str, *, timeout_s: float) -> None:
+        self.target = target
+        self._metadata = ((SERVICE_TOKEN_METADATA, token),)
+        self._timeout_s = timeout_s
+        self._stubs: dict[asyncio.AbstractEventLoop, _Stubs] = {}
+
+    def _for_loop(self) -> _Stubs:
+        loop = asyncio.get_running_loop()
+        stubs = self._stubs.get(loop)
+        if stubs is None:
+            for stale in [lp for lp in self._stubs if lp.is_closed()]:
+                del self._stubs[stale]
+            stubs = _Stubs(grpc.aio.insecure_channel(self.target))
+            self._stubs[loop] = stubs
+        return stubs
+
+    async def begin(self, request: governor_pb2.BeginRequest) -> governor_pb2.BeginResponse:
+        """Begin; raises CapabilityError(GOVERNANCE_UNAVAILABLE) when the plane
+        cannot answer (fail closed)."""
+        stubs = self._for_loop()
+        return await self._governed(
+            lambda: stubs.governor.Begin(request, metadata=self._metadata, timeout=self._timeout_s)
+        )
+
+    async def complete(
+        self, request: governor_pb2.CompleteRequest
+    ) -> governor_pb2.CompleteResponse:
+        stubs = self._for_loop()
+        return await self._governed(
+            lambda: stubs.governor.Complete(
+                request, metadata=self._metadata, timeout=self._timeout_s
+            )
+        )
+
+    async def register(
+        self, request: registry_pb2.RegisterRequest
+    ) -> registry_pb2.RegisterResponse:
+        """Register; raises WardenError with the plane's message when refused."""
+        stubs = self._for_loop()
+        try:
+            response: registry_pb2.RegisterResponse = await stubs.registry.Register(
+                request, metadata=self._metadata, timeout=self._timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise WardenError(
+                f"registration with {self.target} failed ({exc.code().name}): {exc.details()}"
+            ) from None
+        return response
+
+    async def list_capabilities(
+        self, request: registry_pb2.ListCapabilitiesRequest
+    ) -> registry_pb2.ListCapabilitiesResponse:
+        stubs = self._for_loop()
+        return await self._governed(
+            lambda: stubs.registry.ListCapabilities(
+                request, metadata=self._metadata, timeout=self._timeout_s
+            )
+        )
+
+    async def _governed(self, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as exc:
+            raise governance_error(exc.code(), exc.details() or "", self.target) from None
+
+    async def aclose(self) -> None:
+        """Close the channel of the running loop."""
+        stubs = self._stubs.pop(asyncio.get_running_loop(), None)
+        if stubs is not None:
+            await stubs.channel.close(grace=None)
+
+
+class PlaneRefusedError(Exception):
+    """The plane answered a governed call with a gRPC error (kept as a cause)."""
+
+    def __init__(self, code: str, details: str, target: str) -> None:
+        super().__init__(f"{target} answered {code}: {details}")
+        self.code = code
+        self.details = details
+
+
+def governance_error(code: grpc.StatusCode, details: str, target: str) -> CapabilityError:
+    """The SDK's one mapping from a gRPC status to a model-facing error.
+
+    Every status fails closed as GOVERNANCE_UNAVAILABLE; it is retryable only
+    when another attempt could succeed (the plane down or slow), not when the
+    plane refused the service or the request.
+    """
+    return CapabilityError(
+        "GOVERNANCE_UNAVAILABLE",
+        retryable=code in _TRANSIENT,
+        cause=PlaneRefusedError(code.name, details, target),
+    )

@@ -1,0 +1,286 @@
+"""JSON Schema 2020-12: validation issues that never echo values, and the
+``x-warden-*`` markings (sensitive fields, model-hidden fields).
+
+The plane validates input with these functions and the SDK validates output
+with the same ones, so both sides report an issue identically.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, ValidationError
+
+from warden.shared.canonical import JSONValue
+
+SENSITIVE: Final = "x-warden-sensitive"
+MODEL_VISIBLE: Final = "x-warden-model-visible"
+REDACTED: Final = "[REDACTED]"
+
+Schema = Mapping[str, Any]
+
+
+class InvalidSchemaError(ValueError):
+    """A document is not a valid JSON Schema 2020-12."""
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """One validation problem: where it is and what is wrong, never the value."""
+
+    path: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": self.path, "message": self.message}
+
+
+def compile_validator(schema: Schema) -> Draft202012Validator:
+    """Check a schema and build its validator (once per capability version).
+
+    Raises:
+        InvalidSchemaError: the schema itself is invalid.
+    """
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = _pointer(exc.absolute_path) or "/"
+        raise InvalidSchemaError(f"invalid JSON Schema at {where}: {exc.message}") from None
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def validation_issues(validator: Draft202012Validator, instance: JSONValue) -> list[Issue]:
+    """Every issue of ``instance`` against the validator's schema, sorted.
+
+    Messages are written from the schema alone, so no input value is echoed.
+    """
+    issues: set[Issue] = set()
+    for error in validator.iter_errors(instance):
+        issues.update(_issues_of(error))
+    return sorted(issues, key=lambda issue: (issue.path, issue.message))
+
+
+def _issues_of(error: ValidationError) -> Iterator[Issue]:
+    path = list(error.absolute_path)
+    keyword = str(error.validator)
+    value: Any = error.validator_value
+    instance = error.instance
+    if keyword == "required":
+        present = instance if isinstance(instance, dict) else {}
+        for name in value:
+            if name not in present:
+                yield Issue(_pointer([*path, name]), "is required")
+        return
+    if keyword in ("additionalProperties", "unevaluatedProperties") and isinstance(instance, dict):
+        schema = error.schema if isinstance(error.schema, Mapping) else {}
+        known = set(schema.get("properties", {}))
+        patterns = [re.compile(p) for p in schema.get("patternProperties", {})]
+        for name in instance:
+            if name not in known and not any(p.search(name) for p in patterns):
+                yield Issue(_pointer([*path, name]), "is not an allowed property")
+        return
+    yield Issue(_pointer(path), _message(keyword, value))
+
+
+def _message(keyword: str, value: Any) -> str:
+    match keyword:
+        case "type":
+            names = value if isinstance(value, list) else [value]
+            return "must be of type " + " or ".join(str(n) for n in names)
+        case "enum":
+            return "must be one of the allowed values: " + _short(value)
+        case "const":
+            return "must equal " + _short(value)
+        case "minimum":
+            return f"must be >= {value}"
+        case "maximum":
+            return f"must be <= {value}"
+        case "exclusiveMinimum":
+            return f"must be > {value}"
+        case "exclusiveMaximum":
+            return f"must be < {value}"
+        case "multipleOf":
+            return f"must be a multiple of {value}"
+        case "minLength":
+            return f"must be at least {value} characters long"
+        case "maxLength":
+            return f"must be at most {value} characters long"
+        case "pattern":
+            return f"must match the pattern {value!r}"
+        case "format":
+            return f"must be a valid {value}"
+        case "minItems":
+            return f"must have at least {value} items"
+        case "maxItems":
+            return f"must have at most {value} items"
+        case "uniqueItems":
+            return "must not contain duplicate items"
+        case "minProperties":
+            return f"must have at least {value} properties"
+        case "maxProperties":
+            return f"must have at most {value} properties"
+        case "anyOf":
+            return "must match at least one of the allowed forms"
+        case "oneOf":
+            return "must match exactly one of the allowed forms"
+        case "not":
+            return "must not match the excluded form"
+        case "dependentRequired":
+            return "is missing properties that other properties require"
+        case "contains" | "minContains" | "maxContains":
+            return "must contain the required items"
+        case "propertyNames":
+            return "has a property name that is not allowed"
+        case "additionalProperties" | "unevaluatedProperties" | "additionalItems":
+            return "has items or properties that are not allowed"
+        case "false":
+            return "is not allowed"
+        case _:
+            return f"does not satisfy '{keyword}'"
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    import json
+
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _pointer(parts: Iterable[object]) -> str:
+    """An RFC 6901 JSON Pointer for a path into a document."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+# ---------------------------------------------------------------------------
+# Markings: sensitive and model-hidden fields.
+
+_DROP: Final = object()
+
+
+def redact(
+    value: JSONValue,
+    schema: Schema,
+    replace: Callable[[JSONValue], JSONValue] = lambda _: REDACTED,
+) -> JSONValue:
+    """A copy of ``value`` with every field marked ``x-warden-sensitive`` replaced.
+
+    Markings are found through ``$ref``, ``$defs``, ``allOf``/``anyOf``/``oneOf``,
+    properties, pattern and additional properties, and array items; where
+    branches disagree, a field is sensitive if any branch marks it.
+    """
+    return _walk(value, [schema], schema, SENSITIVE, True, replace)
+
+
+def strip_model_hidden(value: JSONValue, schema: Schema) -> JSONValue:
+    """A copy of ``value`` without the fields marked ``x-warden-model-visible: false``."""
+    return _walk(value, [schema], schema, MODEL_VISIBLE, False, lambda _: _DROP)
+
+
+def has_marking(schema: Schema, marking: str, marked: object) -> bool:
+    """Whether any subschema anywhere in ``schema`` carries ``marking: marked``."""
+
+    def visit(node: object) -> bool:
+        if isinstance(node, Mapping):
+            return node.get(marking) == marked or any(visit(v) for v in node.values())
+        if isinstance(node, list):
+            return any(visit(v) for v in node)
+        return False
+
+    return visit(schema)
+
+
+def _walk(
+    value: JSONValue,
+    schemas: list[Schema],
+    root: Schema,
+    marking: str,
+    marked: object,
+    replace: Callable[[JSONValue], JSONValue],
+) -> JSONValue:
+    expanded = _expand(schemas, root)
+    if any(s.get(marking) == marked for s in expanded):
+        return replace(value)
+    if isinstance(value, dict):
+        result = {}
+        for key, child in value.items():
+            new = _walk(child, _property_schemas(expanded, key), root, marking, marked, replace)
+            if new is not _DROP:
+                result[key] = new
+        return result
+    if isinstance(value, list):
+        items = []
+        for index, child in enumerate(value):
+            new = _walk(child, _item_schemas(expanded, index), root, marking, marked, replace)
+            items.append(None if new is _DROP else new)
+        return items
+    return value
+
+
+def _expand(schemas: list[Schema], root: Schema) -> list[Schema]:
+    """The schemas plus everything they include through $ref and combinators."""
+    out: list[Schema] = []
+    pending = list(schemas)
+    seen: set[int] = set()
+    while pending:
+        schema = pending.pop()
+        if not isinstance(schema, Mapping) or id(schema) in seen:
+            continue
+        seen.add(id(schema))
+        out.append(schema)
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            target = _resolve(root, ref)
+            if target is not None:
+                pending.append(target)
+        for combinator in ("allOf", "anyOf", "oneOf"):
+            branches = schema.get(combinator)
+            if isinstance(branches, list):
+                pending.extend(b for b in branches if isinstance(b, Mapping))
+        for conditional in ("then", "else"):
+            branch = schema.get(conditional)
+            if isinstance(branch, Mapping):
+                pending.append(branch)
+    return out
+
+
+def _resolve(root: Schema, ref: str) -> Schema | None:
+    node: Any = root
+    for raw in ref.removeprefix("#").split("/")[1:]:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node if isinstance(node, Mapping) else None
+
+
+def _property_schemas(schemas: list[Schema], key: str) -> list[Schema]:
+    found: list[Schema] = []
+    for schema in schemas:
+        properties = schema.get("properties", {})
+        if key in properties:
+            found.append(properties[key])
+            continue
+        matched = [s for p, s in schema.get("patternProperties", {}).items() if re.search(p, key)]
+        found.extend(matched)
+        extra = schema.get("additionalProperties")
+        if not matched and isinstance(extra, Mapping):
+            found.append(extra)
+    return found
+
+
+def _item_schemas(schemas: list[Schema], index: int) -> list[Schema]:
+    found: list[Schema] = []
+    for schema in schemas:
+        prefix = schema.get("prefixItems", [])
+        if index < len(prefix):
+            found.append(prefix[index])
+        elif isinstance(schema.get("items"), Mapping):
+            found.append(schema["items"])
+    return found

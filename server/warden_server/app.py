@@ -1,0 +1,94 @@
+"""Build and run the gRPC server around a Plane."""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from warden.v1 import governor_pb2, governor_pb2_grpc, registry_pb2, registry_pb2_grpc
+
+from warden_server.plane import Plane
+from warden_server.services.governor import GovernorServicer
+from warden_server.services.registry import RegistryServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    governor_pb2.DESCRIPTOR.services_by_name["Governor"].full_name,
+    registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
+)
+
+
+@dataclass
+class Server:
+    """A running plane: the gRPC server, the port it bound and the plane behind it."""
+
+    plane: Plane
+    grpc_server: grpc.Server
+    port: int
+    host: str
+    health: health.HealthServicer = field(repr=False)
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stop(self, grace: float | None = 2.0) -> None:
+        """Stop serving (letting in-flight calls finish within ``grace``), then close the store."""
+        self.health.enter_graceful_shutdown()
+        self.grpc_server.stop(grace).wait()
+        self.plane.close()
+
+    def wait(self) -> None:
+        self.grpc_server.wait_for_termination()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(grace=0.5)
+
+
+def serve(plane: Plane, listen: str | None = None) -> Server:
+    """Start serving ``plane`` on ``listen`` (``host:port``; port 0 picks a free one).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    listen = listen or plane.config.server.listen
+    host = listen.rsplit(":", 1)[0]
+    limit = plane.config.server.max_input_bytes + 1_048_576
+    server = grpc.server(
+        futures.ThreadPoolExecutor(
+            max_workers=plane.config.server.workers, thread_name_prefix="warden-rpc"
+        ),
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ],
+    )
+    governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), server)
+    registry_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(plane), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        plane.close()
+        raise OSError(f"cannot listen on {listen}")
+    server.start()
+    for name in (*SERVICE_NAMES, ""):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "warden listening on %s:%d (policy revision %s)",
+        host,
+        port,
+        plane.policies.current().revision[:12],
+    )
+    return Server(plane=plane, grpc_server=server, port=port, host=host, health=health_servicer)

@@ -1,0 +1,104 @@
+"""The audit record: one row of ``audit_events``."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+Kind = Literal["decision", "outcome", "approval", "policy", "registry"]
+
+COLUMNS: Final = (
+    "seq",
+    "event_id",
+    "ts",
+    "kind",
+    "invocation_id",
+    "capability_id",
+    "capability_version",
+    "service",
+    "actor_id",
+    "tenant",
+    "surface",
+    "status",
+    "stage",
+    "code",
+    "exposed",
+    "retryable",
+    "public_message",
+    "executed_before_failure",
+    "policy_revision",
+    "rules",
+    "approval_id",
+    "input_digest",
+    "input",
+    "output",
+    "cause_type",
+    "cause_message",
+    "stack",
+    "duration_ms",
+    "trace_id",
+    "reason",
+    "details",
+    "prev_hash",
+    "hash",
+)
+"""Every column, in table order: SPEC §9's contract columns plus ``reason``
+(the private truth behind a public face, e.g. ``hidden-by-policy``) and
+``details`` (the model-safe details that were returned)."""
+
+
+def now_iso() -> str:
+    """The current UTC time as ISO 8601 with milliseconds, e.g. 2026-01-02T03:04:05.678Z."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class AuditEvent:
+    """An audit record before the writer gives it its place in the chain.
+
+    JSON-valued columns (``rules``, ``input``, ``output``, ``details``) hold
+    JSON text, already redacted.
+    """
+
+    kind: Kind
+    status: str
+    invocation_id: str | None = None
+    capability_id: str | None = None
+    capability_version: str | None = None
+    service: str | None = None
+    actor_id: str | None = None
+    tenant: str | None = None
+    surface: str | None = None
+    stage: str | None = None
+    code: str | None = None
+    exposed: bool | None = None
+    retryable: bool | None = None
+    public_message: str | None = None
+    executed_before_failure: bool | None = None
+    policy_revision: str | None = None
+    rules: str | None = None
+    approval_id: str | None = None
+    input_digest: str | None = None
+    input: str | None = None
+    output: str | None = None
+    cause_type: str | None = None
+    cause_message: str | None = None
+    stack: str | None = None
+    duration_ms: int | None = None
+    trace_id: str | None = None
+    reason: str | None = None
+    details: str | None = None
+    event_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    ts: str = dataclasses.field(default_factory=now_iso)
+
+    def row(self, seq: int, prev_hash: str) -> dict[str, Any]:
+        """The row to store, without its hash (see ``chain.link``)."""
+        row = dataclasses.asdict(self)
+        for flag in ("exposed", "retryable", "executed_before_failure"):
+            if row[flag] is not None:
+                row[flag] = int(row[flag])
+        row.update(seq=seq, prev_hash=prev_hash)
+        return row

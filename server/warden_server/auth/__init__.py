@@ -1,0 +1,1 @@
+"""Who is calling: actors (JWTs) and services (tokens)."""

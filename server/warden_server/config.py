@@ -1,0 +1,212 @@
+"""Typed configuration: one model per section of ``warden.toml``.
+
+Secrets come from the file or from the environment (``WARDEN_ACTORS_HS256_SECRET``,
+``WARDEN_SERVICE_<NAME>_TOKEN``), never from code. ``load_config`` takes the
+environment as an argument so that tests never patch ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+_NAMESPACE = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names every problem."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSection(_Section):
+    listen: str = "127.0.0.1:50051"
+    """host:port the gRPC server binds; port 0 picks a free port."""
+    store: str = "var/warden.db"
+    """The audit and registry store: a SQLite file path."""
+    policies: str = "policies"
+    """The folder of policy files."""
+    default_effect: Literal["allow", "deny"] = "deny"
+    """The decision when no rule matches. Deny fails closed."""
+    max_input_bytes: Annotated[int, Field(gt=0)] = 1_048_576
+    """Larger inputs fail INPUT_INVALID before they are parsed."""
+    default_timeout_ms: Annotated[int, Field(gt=0)] = 30_000
+    """A handler's time budget when its capability declares none."""
+    approval_ttl: str = "1h"
+    """How long an approval request stays open when its rule gives no ttl."""
+    workers: Annotated[int, Field(gt=0)] = 16
+    """Threads serving RPCs."""
+
+
+class ActorsSection(_Section):
+    hs256_secret: str | None = None
+    """Shared secret for HS256 actor JWTs: development only."""
+    public_key_file: str | None = None
+    """PEM public key for RS256 or ES256 actor JWTs."""
+    jwks_file: str | None = None
+    """A JWKS document with the keys for RS256/ES256 actor JWTs, chosen by kid."""
+    issuer: str = "warden-dev"
+    """Required ``iss`` claim."""
+    audience: str = "warden"
+    """Required ``aud`` claim."""
+    leeway_seconds: Annotated[int, Field(ge=0)] = 30
+    """Clock skew tolerated on ``exp``/``nbf``."""
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> ActorsSection:
+        sources = [s for s in (self.hs256_secret, self.public_key_file, self.jwks_file) if s]
+        if len(sources) != 1:
+            raise ValueError(
+                "set exactly one of hs256_secret, public_key_file or jwks_file "
+                "(or WARDEN_ACTORS_HS256_SECRET in the environment)"
+            )
+        return self
+
+
+class ServiceSection(_Section):
+    token: str | None = None
+    """The service's bearer token (or set WARDEN_SERVICE_<NAME>_TOKEN)."""
+    token_sha256: str | None = None
+    """The SHA-256 hex digest of the token, so the file holds no secret."""
+    namespaces: list[Annotated[str, Field(pattern=_NAMESPACE)]] = Field(min_length=1)
+    """Capability namespaces this service owns (SI-7): "orders" owns orders.*."""
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> ServiceSection:
+        if bool(self.token) == bool(self.token_sha256):
+            raise ValueError("set exactly one of token or token_sha256")
+        if self.token_sha256 and not re.fullmatch(r"[0-9a-f]{64}", self.token_sha256):
+            raise ValueError("token_sha256 must be 64 lowercase hex digits")
+        return self
+
+    @property
+    def token_digest(self) -> str:
+        if self.token_sha256:
+            return self.token_sha256
+        assert self.token is not None
+        return hashlib.sha256(self.token.encode()).hexdigest()
+
+
+class GrantsSection(_Section):
+    signing_key_file: str | None = None
+    """PEM Ed25519 private key that signs grants; a fresh key per start when unset."""
+    ttl_seconds: Annotated[int, Field(gt=0)] = 60
+    """How long a grant stays valid beyond its handler's time budget."""
+
+
+class Config(_Section):
+    server: ServerSection = ServerSection()
+    actors: ActorsSection
+    services: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$")], ServiceSection] = {}
+    grants: GrantsSection = GrantsSection()
+    base_dir: Path = Path()
+    """The folder relative paths are resolved against (the config file's)."""
+
+    @model_validator(mode="after")
+    def _disjoint_namespaces(self) -> Config:
+        owners: dict[str, str] = {}
+        for name, service in self.services.items():
+            for namespace in service.namespaces:
+                for other, owner in owners.items():
+                    if owner != name and (
+                        namespace == other
+                        or namespace.startswith(other + ".")
+                        or other.startswith(namespace + ".")
+                    ):
+                        raise ValueError(
+                            f"namespace {namespace!r} of service {name!r} overlaps "
+                            f"{other!r} of service {owner!r}"
+                        )
+                owners[namespace] = name
+        return self
+
+    def path(self, value: str) -> Path:
+        """A configured path, resolved against the config file's folder."""
+        candidate = Path(value)
+        return candidate if candidate.is_absolute() else self.base_dir / candidate
+
+    @property
+    def store_path(self) -> Path:
+        return self.path(self.server.store)
+
+    @property
+    def policies_path(self) -> Path:
+        return self.path(self.server.policies)
+
+
+def load_config(
+    path: str | Path,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str | None] | None = None,
+) -> Config:
+    """Read ``warden.toml``, apply environment secrets and command-line overrides.
+
+    Args:
+        path: The TOML file.
+        environ: The environment to read secrets from (``os.environ`` in the CLI).
+        overrides: ``[server]`` keys given on the command line; None values are ignored.
+
+    Raises:
+        ConfigError: unreadable file, bad TOML, or invalid values (all listed).
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return config_from_dict(
+        data, base_dir=path.parent, environ=environ or {}, overrides=overrides, source=str(path)
+    )
+
+
+def config_from_dict(
+    data: Mapping[str, object],
+    *,
+    base_dir: Path = Path(),
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str | None] | None = None,
+    source: str = "<config>",
+) -> Config:
+    """Build a Config from already-parsed TOML data (see ``load_config``)."""
+    environ = environ or {}
+    merged: dict[str, object] = {k: v for k, v in data.items()}
+    server = dict(_table(merged.get("server")))
+    server.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    merged["server"] = server
+    actors = dict(_table(merged.get("actors")))
+    if secret := environ.get("WARDEN_ACTORS_HS256_SECRET"):
+        actors["hs256_secret"] = secret
+    merged["actors"] = actors
+    services = {
+        name: dict(_table(section)) for name, section in _table(merged.get("services")).items()
+    }
+    for name, section in services.items():
+        env_key = f"WARDEN_SERVICE_{name.upper().replace('-', '_')}_TOKEN"
+        if token := environ.get(env_key):
+            section["token"] = token
+            section.pop("token_sha256", None)
+    merged["services"] = services
+    merged["base_dir"] = base_dir
+    try:
+        return Config.model_validate(merged)
+    except ValidationError as exc:
+        problems = "\n".join(
+            f"  {'.'.join(str(p) for p in error['loc']) or '(top level)'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigError(f"{source}: invalid configuration:\n{problems}") from None
+
+
+def _table(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}

@@ -1,0 +1,28 @@
+"""The plane's request errors. Servicers map them to gRPC status in one place
+(``services/status.py``); the message is written for the calling developer."""
+
+from __future__ import annotations
+
+
+class RequestError(Exception):
+    """A request the plane refuses; subclasses say which kind."""
+
+
+class InvalidRequest(RequestError):
+    """Missing or malformed fields."""
+
+
+class Unauthenticated(RequestError):
+    """No valid service credential."""
+
+
+class PermissionDenied(RequestError):
+    """The service may not do this (e.g. a namespace it does not own, SI-7)."""
+
+
+class NotFound(RequestError):
+    """No such object (or one the caller may not see)."""
+
+
+class Conflict(RequestError):
+    """The request contradicts what the store already holds."""

@@ -1,0 +1,280 @@
+"""Begin: pipeline steps 2-9, top to bottom, then one durable decision record.
+
+No grant leaves the plane before its decision record is committed (SI-3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from warden.shared.canonical import compact_json
+from warden.shared.schema import redact
+
+from warden_server.audit.events import AuditEvent
+from warden_server.grants import GrantClaims
+from warden_server.pipeline.approval import approval, iso
+from warden_server.pipeline.authenticate import authenticate
+from warden_server.pipeline.authorize import authorize
+from warden_server.pipeline.context import BeginContext, BeginRequest
+from warden_server.pipeline.failure import Failure, fail
+from warden_server.pipeline.policy import policy
+from warden_server.pipeline.resolve import resolve
+from warden_server.pipeline.validate import validate
+from warden_server.pipeline.visibility import visibility
+from warden_server.store import ApprovalRecord, InvocationRecord, WriteTransaction
+
+if TYPE_CHECKING:
+    from warden_server.plane import Plane
+
+Stage = Callable[["Plane", BeginContext], Failure | None]
+
+STAGES: tuple[Stage, ...] = (
+    resolve,
+    authenticate,
+    visibility,
+    validate,
+    authorize,
+    policy,
+    approval,
+)
+
+
+class ApprovalAlreadyUsed(Exception):
+    """Two resumes raced for one approval; this one lost."""
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    token: str
+    capability_version: str
+    input_json: str
+    input_digest: str
+    timeout_ms: int
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BeginResult:
+    """What Begin answers: exactly one of grant or failure (a suspension is a
+    failure with code APPROVAL_REQUIRED and an approval id)."""
+
+    invocation_id: str
+    policy_revision: str
+    context: BeginContext
+    grant: Granted | None = None
+    failure: Failure | None = None
+    approval_id: str | None = None
+    approval_expires_at: datetime | None = None
+
+
+def begin(plane: Plane, request: BeginRequest) -> BeginResult:
+    ctx = BeginContext(request=request, policies=plane.policies.current(), now=plane.clock())
+    for stage in STAGES:
+        failure = stage(plane, ctx)
+        if failure is not None:
+            return _refuse(plane, ctx, failure)
+    try:
+        return _grant(plane, ctx)
+    except ApprovalAlreadyUsed:
+        return _refuse(plane, ctx, fail("APPROVAL_DENIED", "approval-already-used"))
+
+
+def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
+    capability, actor, request = ctx.capability, ctx.actor, ctx.request
+    assert capability is not None and actor is not None and ctx.input_digest is not None
+    timeout_ms = capability.definition.timeout_ms or plane.config.server.default_timeout_ms
+    expires = ctx.now + timedelta(milliseconds=timeout_ms, seconds=plane.config.grants.ttl_seconds)
+    invocation = InvocationRecord(
+        invocation_id=request.invocation_id,
+        service=request.service.name,
+        capability_id=capability.id,
+        capability_version=capability.version,
+        actor_id=actor.id,
+        tenant=actor.tenant,
+        surface=request.surface,
+        input_digest=ctx.input_digest,
+        state="granted",
+        granted_at=iso(ctx.now),
+        expires_at=iso(expires),
+    )
+    event = _decision_event(ctx, "granted", None)
+
+    def work(tx: WriteTransaction) -> None:
+        if ctx.consume_approval:
+            assert ctx.approval_id is not None
+            if not tx.consume_approval(ctx.approval_id, iso(ctx.now)):
+                raise ApprovalAlreadyUsed
+            tx.append_audit(_approval_event(ctx, "consumed"))
+        tx.insert_invocation(invocation)
+        tx.append_audit(event)
+
+    plane.store.transact(work)
+    token = plane.grants.sign(
+        GrantClaims(
+            invocation_id=request.invocation_id,
+            capability_id=capability.id,
+            capability_version=capability.version,
+            service=request.service.name,
+            actor_id=actor.id,
+            input_digest=ctx.input_digest,
+            expires_at=int(expires.timestamp()),
+        ),
+        now=ctx.now.timestamp(),
+    )
+    return BeginResult(
+        invocation_id=request.invocation_id,
+        policy_revision=ctx.policies.revision,
+        context=ctx,
+        grant=Granted(
+            token=token,
+            capability_version=capability.version,
+            input_json=compact_json(ctx.input),
+            input_digest=ctx.input_digest,
+            timeout_ms=timeout_ms,
+            expires_at=expires,
+        ),
+    )
+
+
+def _refuse(plane: Plane, ctx: BeginContext, failure: Failure) -> BeginResult:
+    suspended = failure.code == "APPROVAL_REQUIRED"
+    expires: datetime | None = ctx.extra.get("approval_expires_at")
+    event = _decision_event(ctx, "suspended" if suspended else "failed", failure)
+    record = _approval_record(ctx, expires) if suspended and expires is not None else None
+
+    def work(tx: WriteTransaction) -> None:
+        tx.append_audit(event)
+        if record is not None:
+            tx.insert_approval(record)
+            tx.append_audit(_approval_event(ctx, "requested"))
+
+    plane.store.transact(work)
+    if suspended and expires is None and failure.details:
+        expires = datetime.fromisoformat(failure.details["expires_at"])
+    return BeginResult(
+        invocation_id=ctx.request.invocation_id,
+        policy_revision=ctx.policies.revision,
+        context=ctx,
+        failure=failure,
+        approval_id=ctx.approval_id if suspended else None,
+        approval_expires_at=expires if suspended else None,
+    )
+
+
+def _approval_record(ctx: BeginContext, expires: datetime) -> ApprovalRecord:
+    capability, actor, decision = ctx.capability, ctx.actor, ctx.decision
+    assert capability and actor and decision and decision.rule and ctx.approval_id
+    assert ctx.input_digest is not None
+    return ApprovalRecord(
+        approval_id=ctx.approval_id,
+        capability_id=capability.id,
+        capability_version=capability.version,
+        service=ctx.request.service.name,
+        requester_id=actor.id,
+        tenant=actor.tenant,
+        input_digest=ctx.input_digest,
+        input=compact_json(redact(ctx.input, capability.definition.input_schema)),
+        rule_id=decision.rule.id,
+        message=decision.message or "",
+        approvers=decision.rule.rule.approvers or "true",
+        state="pending",
+        created_at=iso(ctx.now),
+        expires_at=iso(expires),
+    )
+
+
+def _decision_event(ctx: BeginContext, status: str, failure: Failure | None) -> AuditEvent:
+    request, capability, actor = ctx.request, ctx.capability, ctx.actor
+    return AuditEvent(
+        kind="decision",
+        status=status,
+        invocation_id=request.invocation_id,
+        capability_id=request.capability_id,
+        capability_version=capability.version if capability else request.capability_version,
+        service=request.service.name,
+        actor_id=actor.id if actor else None,
+        tenant=actor.tenant if actor else None,
+        surface=request.surface,
+        stage=failure.stage if failure else None,
+        code=failure.code if failure else None,
+        exposed=failure.exposed if failure else None,
+        retryable=failure.retryable if failure else None,
+        public_message=failure.public_message if failure else None,
+        policy_revision=ctx.policies.revision,
+        rules=_rules_json(ctx),
+        approval_id=ctx.approval_id,
+        input_digest=ctx.input_digest,
+        input=_redacted_input(ctx),
+        reason=failure.reason
+        if failure
+        else ("approval-consumed" if ctx.consume_approval else "granted"),
+        details=compact_json(failure.details) if failure and failure.details else None,
+    )
+
+
+def _approval_event(ctx: BeginContext, status: str) -> AuditEvent:
+    capability, actor = ctx.capability, ctx.actor
+    assert capability is not None and actor is not None
+    return AuditEvent(
+        kind="approval",
+        status=status,
+        invocation_id=ctx.request.invocation_id,
+        capability_id=capability.id,
+        capability_version=capability.version,
+        service=ctx.request.service.name,
+        actor_id=actor.id,
+        tenant=actor.tenant,
+        surface=ctx.request.surface,
+        policy_revision=ctx.policies.revision,
+        approval_id=ctx.approval_id,
+        input_digest=ctx.input_digest,
+    )
+
+
+def _rules_json(ctx: BeginContext) -> str | None:
+    results: list[dict[str, Any]] = []
+    for decision in (ctx.visibility, ctx.decision):
+        if decision is not None:
+            results.extend(decision.rules_json())
+    deciding = ctx.decision.rule_id if ctx.decision else None
+    hiding = ctx.visibility.rule_id if ctx.visibility else None
+    if not results and not deciding and not hiding:
+        return None
+    return compact_json({"decided_by": hiding or deciding, "evaluated": results})
+
+
+def _redacted_input(ctx: BeginContext) -> str | None:
+    """The input as stored: only once parsed, and only with a schema to redact by.
+
+    Without a known capability there is no way to know which fields are
+    sensitive, so such input is not stored at all.
+    """
+    if ctx.capability is None or ctx.input is None:
+        return None
+    return compact_json(redact(ctx.input, ctx.capability.definition.input_schema))
+
+
+def reject(
+    plane: Plane,
+    *,
+    reason: str,
+    invocation_id: str = "",
+    capability_id: str = "",
+    service: str | None = None,
+    surface: str = "",
+) -> None:
+    """Record a Begin the plane refused to decode or authenticate (SI-3)."""
+    event = AuditEvent(
+        kind="decision",
+        status="rejected",
+        invocation_id=invocation_id or None,
+        capability_id=capability_id or None,
+        service=service,
+        surface=surface or None,
+        policy_revision=plane.policies.current().revision,
+        reason=reason[:1000],
+    )
+    plane.store.transact(lambda tx: tx.append_audit(event))

@@ -1,0 +1,60 @@
+"""The state of one Begin request as it moves through the stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from warden_server.auth.actors import Actor
+from warden_server.auth.services import Service
+from warden_server.policy.engine import Decision, PolicySet
+from warden_server.registry import Capability
+
+
+@dataclass(frozen=True, slots=True)
+class BeginRequest:
+    """A decoded Begin request."""
+
+    service: Service
+    invocation_id: str
+    capability_id: str
+    capability_version: str
+    actor_token: str
+    input_json: str
+    surface: str
+    context: dict[str, Any]
+    approval_id: str
+    idempotency_key: str
+
+
+@dataclass(slots=True)
+class BeginContext:
+    """What the stages have established so far."""
+
+    request: BeginRequest
+    policies: PolicySet
+    now: datetime
+    capability: Capability | None = None
+    actor: Actor | None = None
+    input: Any = None
+    input_digest: str | None = None
+    visibility: Decision | None = None
+    decision: Decision | None = None
+    approval_id: str | None = None
+    consume_approval: bool = False
+    reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def variables(self, *, with_input: bool) -> dict[str, Any]:
+        """The policy variables (SPEC §6), built once per activation."""
+        assert self.actor is not None and self.capability is not None
+        variables: dict[str, Any] = {
+            "actor": self.actor.to_cel(),
+            "capability": self.capability.to_cel(),
+            "context": {**self.request.context, "surface": self.request.surface},
+            "now": self.now,
+        }
+        if with_input:
+            variables["input"] = self.input
+        return variables

@@ -1,0 +1,23 @@
+"""Step 2: resolve the capability id (and version) the call names."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from warden_server.pipeline.context import BeginContext
+from warden_server.pipeline.failure import Failure, not_found
+
+if TYPE_CHECKING:
+    from warden_server.plane import Plane
+
+
+def resolve(plane: Plane, ctx: BeginContext) -> Failure | None:
+    request = ctx.request
+    capability = plane.registry.get(request.capability_id, request.capability_version)
+    if capability is None:
+        known = request.capability_version and plane.registry.get(request.capability_id)
+        return not_found("unknown-version" if known else "unknown-capability")
+    if not request.service.owns(capability.id):
+        return not_found(f"not-owned-by-service:{request.service.name}")
+    ctx.capability = capability
+    return None

@@ -1,0 +1,204 @@
+"""The CEL evaluator behind a narrow interface: compile, then evaluate many times.
+
+cel-python is the reference evaluator. A faster one can sit beside it by
+implementing ``Evaluator`` and passing the policy test suite identically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+import celpy
+import lark
+from celpy import celtypes
+from celpy.adapter import json_to_cel
+from celpy.celparser import CELParseError
+from celpy.evaluation import CELEvalError
+
+MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+
+
+class CompileError(Exception):
+    """An expression does not parse; ``line``/``column`` are 1-based within it."""
+
+    def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
+        super().__init__(message)
+        self.line = line
+        self.column = column
+
+
+class EvaluationError(Exception):
+    """An expression failed at run time (missing field, bad types, ...)."""
+
+
+class Activation(Protocol):
+    """The variables of one decision, converted once for the evaluator."""
+
+
+class Program(Protocol):
+    """A compiled expression."""
+
+    free_variables: frozenset[str]
+    """The top-level variables the expression reads."""
+    size: int
+    """The number of syntax nodes: the basis of the cost limit."""
+    depth: int
+
+    def evaluate(self, activation: Activation) -> Any:
+        """The expression's value as plain Python (bool, str, int, ...).
+
+        Raises:
+            EvaluationError: the expression failed.
+        """
+        ...
+
+    def member_paths(self, variable: str) -> Iterator[tuple[str, ...]]:
+        """The field paths read under a variable, e.g. ("amount",) for input.amount."""
+        ...
+
+
+class Evaluator(Protocol):
+    def compile(self, expression: str) -> Program: ...
+
+    def activation(self, variables: Mapping[str, Any]) -> Activation: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _CelActivation:
+    values: dict[str, Any]
+
+
+class _CelProgram:
+    def __init__(self, runner: celpy.Runner, tree: lark.Tree[Any]) -> None:
+        self._runner = runner
+        self._tree = tree
+        self.free_variables = frozenset(_free_identifiers(tree))
+        self.size = sum(1 for _ in tree.iter_subtrees())
+        self.depth = _depth(tree)
+
+    def evaluate(self, activation: Activation) -> Any:
+        assert isinstance(activation, _CelActivation)
+        try:
+            value = self._runner.evaluate(activation.values)
+        except CELEvalError as exc:
+            raise EvaluationError(_eval_message(exc)) from None
+        except (TypeError, ValueError, KeyError, ZeroDivisionError, OverflowError) as exc:
+            raise EvaluationError(f"{type(exc).__name__}: {exc}") from None
+        if isinstance(value, CELEvalError):
+            raise EvaluationError(_eval_message(value))
+        return _to_python(value)
+
+    def member_paths(self, variable: str) -> Iterator[tuple[str, ...]]:
+        for node in self._tree.iter_subtrees():
+            if node.data != "member_dot":
+                continue
+            path = _dotted(node)
+            if path and path[0] == variable and len(path) > 1:
+                yield tuple(path[1:])
+
+
+class CelPythonEvaluator:
+    """The reference evaluator: cel-python's interpreter.
+
+    Programs evaluate with a fresh interpreter per call, so one compiled
+    program serves every request thread.
+    """
+
+    def __init__(self) -> None:
+        self._env = celpy.Environment()
+
+    def compile(self, expression: str) -> Program:
+        try:
+            tree = self._env.compile(expression)
+        except CELParseError as exc:
+            first = str(exc.args[0]).splitlines()[0] if exc.args else "syntax error"
+            raise CompileError(
+                f"CEL syntax error: {first}".rstrip(),
+                line=getattr(exc, "line", None) or 1,
+                column=getattr(exc, "column", None) or 1,
+            ) from None
+        return _CelProgram(self._env.program(tree), tree)
+
+    def activation(self, variables: Mapping[str, Any]) -> Activation:
+        converted: dict[str, Any] = {}
+        for name, value in variables.items():
+            if isinstance(value, datetime):
+                converted[name] = celtypes.TimestampType(value)
+            else:
+                converted[name] = json_to_cel(value)
+        return _CelActivation(converted)
+
+
+def _eval_message(error: CELEvalError) -> str:
+    return str(error.args[0]) if error.args else "evaluation error"
+
+
+def _to_python(value: Any) -> Any:
+    if isinstance(value, celtypes.BoolType):
+        return bool(value)
+    if isinstance(value, celtypes.StringType):
+        return str(value)
+    if isinstance(value, celtypes.IntType | celtypes.UintType):
+        return int(value)
+    if isinstance(value, celtypes.DoubleType):
+        return float(value)
+    return value
+
+
+def _free_identifiers(tree: lark.Tree[Any]) -> set[str]:
+    """Top-level identifiers, minus the variables that macros bind."""
+    bound: set[str] = set()
+    for node in tree.iter_subtrees():
+        if node.data == "member_dot_arg" and len(node.children) >= 3:
+            name = node.children[1]
+            args = node.children[2]
+            if str(name) in MACROS and isinstance(args, lark.Tree) and args.children:
+                first = _dotted(args.children[0])
+                if first and len(first) == 1:
+                    bound.add(first[0])
+    free = set()
+    for node in tree.iter_subtrees():
+        if node.data == "ident" and node.children:
+            free.add(str(node.children[0]))
+    return free - bound
+
+
+def _dotted(node: Any) -> list[str] | None:
+    """``a.b.c`` as ["a", "b", "c"] when the node is a plain member chain."""
+    while (
+        isinstance(node, lark.Tree)
+        and node.data
+        in (
+            "expr",
+            "conditionalor",
+            "conditionaland",
+            "relation",
+            "addition",
+            "multiplication",
+            "unary",
+            "member",
+            "primary",
+        )
+        and len(node.children) == 1
+    ):
+        node = node.children[0]
+    if isinstance(node, lark.Tree) and node.data == "ident":
+        return [str(node.children[0])]
+    if isinstance(node, lark.Tree) and node.data == "member_dot" and len(node.children) == 2:
+        head = _dotted(node.children[0])
+        return [*head, str(node.children[1])] if head else None
+    return None
+
+
+def _depth(tree: lark.Tree[Any]) -> int:
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, lark.Tree):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in node.children)
+    return deepest

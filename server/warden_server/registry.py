@@ -1,0 +1,289 @@
+"""The capability registry: definitions, versions and namespace ownership (SI-7).
+
+Versions are immutable. Registering an identical definition again is a no-op;
+a changed definition is a new version — numbered by the plane when the service
+gives no version, refused when the service reuses a version number.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final, Literal
+
+from jsonschema import Draft202012Validator
+from warden.shared.canonical import compact_json, digest
+from warden.shared.codes import CODES
+from warden.shared.schema import InvalidSchemaError, compile_validator
+
+from warden_server.audit.events import AuditEvent, now_iso
+from warden_server.auth.services import Service
+from warden_server.errors import Conflict, InvalidRequest, PermissionDenied
+from warden_server.store import CapabilityRecord, Store, WriteTransaction
+
+SURFACES: Final = ("mcp", "openai", "direct")
+SideEffect = Literal["read", "write", "idempotent"]
+_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ERROR_CODE = re.compile(r"^[A-Z][A-Z0-9_]{1,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredError:
+    code: str
+    message: str
+    retryable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityDefinition:
+    """A capability as a service declares it (SPEC §5)."""
+
+    id: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+    side_effect: SideEffect
+    version: str = ""
+    description: str = ""
+    errors: tuple[DeclaredError, ...] = ()
+    timeout_ms: int = 0
+    exposure: tuple[str, ...] = SURFACES
+    required_roles: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["errors"] = [asdict(e) for e in self.errors]
+        for key in ("exposure", "required_roles", "tags"):
+            data[key] = list(data[key])
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CapabilityDefinition:
+        return cls(
+            id=data["id"],
+            version=data["version"],
+            description=data["description"],
+            input_schema=data["input_schema"],
+            output_schema=data["output_schema"],
+            errors=tuple(DeclaredError(**e) for e in data["errors"]),
+            side_effect=data["side_effect"],
+            timeout_ms=data["timeout_ms"],
+            exposure=tuple(data["exposure"]),
+            required_roles=tuple(data["required_roles"]),
+            tags=tuple(data["tags"]),
+        )
+
+    def content_digest(self) -> str:
+        """The digest of everything but the version: equal digests, equal contracts."""
+        data = self.to_json()
+        data.pop("version")
+        return digest(data)
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """A registered version: the definition, its owner, its compiled validators."""
+
+    definition: CapabilityDefinition
+    service: str
+    digest: str
+    registered_at: str
+    input_validator: Draft202012Validator = field(compare=False, repr=False)
+    output_validator: Draft202012Validator = field(compare=False, repr=False)
+
+    @property
+    def id(self) -> str:
+        return self.definition.id
+
+    @property
+    def version(self) -> str:
+        return self.definition.version
+
+    def to_cel(self) -> dict[str, Any]:
+        d = self.definition
+        return {
+            "id": d.id,
+            "version": d.version,
+            "service": self.service,
+            "side_effect": d.side_effect,
+            "tags": list(d.tags),
+        }
+
+    def declared_error(self, code: str) -> DeclaredError | None:
+        return next((e for e in self.definition.errors if e.code == code), None)
+
+
+def check_definition(definition: CapabilityDefinition) -> list[str]:
+    """Every problem with a definition, each naming the field."""
+    problems = []
+    cid = definition.id or "<no id>"
+    if not _ID.match(definition.id):
+        problems.append(
+            f"{cid}: id must be namespace.name in lowercase letters, digits and underscores"
+        )
+    if definition.version and not _VERSION.match(definition.version):
+        problems.append(f"{cid}: version {definition.version!r} must be 1-64 of [A-Za-z0-9._-]")
+    for name, schema in (
+        ("input_schema", definition.input_schema),
+        ("output_schema", definition.output_schema),
+    ):
+        if not isinstance(schema, dict):
+            problems.append(f"{cid}: {name} must be a JSON object")
+            continue
+        try:
+            compile_validator(schema)
+        except InvalidSchemaError as exc:
+            problems.append(f"{cid}: {name}: {exc}")
+    if definition.side_effect not in ("read", "write", "idempotent"):
+        problems.append(f"{cid}: side_effect must be read, write or idempotent")
+    if definition.timeout_ms < 0:
+        problems.append(f"{cid}: timeout_ms must not be negative")
+    unknown = sorted(set(definition.exposure) - set(SURFACES))
+    if unknown:
+        problems.append(f"{cid}: unknown surfaces {unknown} (known: {', '.join(SURFACES)})")
+    seen = set()
+    for error in definition.errors:
+        if not _ERROR_CODE.match(error.code):
+            problems.append(f"{cid}: declared error {error.code!r} must be UPPER_SNAKE_CASE")
+        elif error.code in CODES:
+            problems.append(f"{cid}: declared error {error.code} shadows a built-in code")
+        elif error.code in seen:
+            problems.append(f"{cid}: declared error {error.code} appears twice")
+        if not error.message.strip():
+            problems.append(f"{cid}: declared error {error.code} needs a message")
+        seen.add(error.code)
+    return problems
+
+
+class Registry:
+    """Registered capabilities, read through a cache of immutable versions."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._cache: dict[tuple[str, str], Capability] = {}
+        self._lock = threading.Lock()
+
+    def register(
+        self, service: Service, definitions: Sequence[CapabilityDefinition]
+    ) -> list[Capability]:
+        """Register definitions all or nothing.
+
+        Raises:
+            InvalidRequest: a definition is malformed (every problem listed).
+            PermissionDenied: an id outside the service's namespaces (SI-7).
+            Conflict: a version number reused for a different definition.
+        """
+        if not definitions:
+            raise InvalidRequest("no capabilities to register")
+        problems = [p for d in definitions for p in check_definition(d)]
+        ids = [d.id for d in definitions]
+        problems += [f"{i}: listed twice" for i in sorted({i for i in ids if ids.count(i) > 1})]
+        if problems:
+            raise InvalidRequest("invalid capability definitions:\n  " + "\n  ".join(problems))
+        foreign = [d.id for d in definitions if not service.owns(d.id)]
+        if foreign:
+            raise PermissionDenied(
+                f"service {service.name!r} does not own the namespace of {', '.join(foreign)} "
+                f"(it owns: {', '.join(service.namespaces)})"
+            )
+
+        def work(tx: WriteTransaction) -> list[CapabilityRecord]:
+            return [self._register_one(tx, service, d) for d in definitions]
+
+        records = self._store.transact(work)
+        return [self._capability(r) for r in records]
+
+    def _register_one(
+        self, tx: WriteTransaction, service: Service, definition: CapabilityDefinition
+    ) -> CapabilityRecord:
+        content = definition.content_digest()
+        versions = tx.capability_versions(definition.id)
+        if definition.version:
+            same = next((v for v in versions if v.version == definition.version), None)
+            if same is not None:
+                if same.digest != content:
+                    raise Conflict(
+                        f"{definition.id} version {definition.version} is already registered "
+                        "with a different definition; a changed definition needs a new version"
+                    )
+                return same
+            version = definition.version
+        else:
+            if versions and versions[-1].digest == content:
+                return versions[-1]
+            version = _next_version(versions)
+        stored = CapabilityDefinition.from_json({**definition.to_json(), "version": version})
+        record = CapabilityRecord(
+            id=definition.id,
+            version=version,
+            service=service.name,
+            digest=content,
+            definition=stored.to_json(),
+            registered_at=now_iso(),
+        )
+        tx.insert_capability(record)
+        tx.append_audit(
+            AuditEvent(
+                kind="registry",
+                status="registered",
+                capability_id=definition.id,
+                capability_version=version,
+                service=service.name,
+                input_digest=content,
+                details=compact_json(
+                    {"side_effect": definition.side_effect, "exposure": list(definition.exposure)}
+                ),
+            )
+        )
+        return record
+
+    def get(self, capability_id: str, version: str = "") -> Capability | None:
+        """A version, or the latest when ``version`` is empty."""
+        if version and (cached := self._cache.get((capability_id, version))):
+            return cached
+        record = (
+            self._store.get_capability(capability_id, version)
+            if version
+            else self._store.latest_capability(capability_id)
+        )
+        return self._capability(record) if record else None
+
+    def latest(self) -> list[Capability]:
+        return [self._capability(r) for r in self._store.latest_capabilities()]
+
+    def _capability(self, record: CapabilityRecord) -> Capability:
+        key = (record.id, record.version)
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is None:
+                definition = CapabilityDefinition.from_json(record.definition)
+                cached = Capability(
+                    definition=definition,
+                    service=record.service,
+                    digest=record.digest,
+                    registered_at=record.registered_at,
+                    input_validator=compile_validator(definition.input_schema),
+                    output_validator=compile_validator(definition.output_schema),
+                )
+                self._cache[key] = cached
+        return cached
+
+
+def _next_version(versions: list[CapabilityRecord]) -> str:
+    numbers = [int(v.version) for v in versions if v.version.isdigit()]
+    return str(max(numbers, default=0) + 1)
+
+
+def schema_from_json(text: str, what: str) -> dict[str, Any]:
+    """Parse a schema sent as JSON text."""
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{what} must be a JSON object")
+    return value

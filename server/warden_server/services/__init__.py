@@ -1,0 +1,1 @@
+"""Thin gRPC servicers: decode, call the domain, encode, map errors."""

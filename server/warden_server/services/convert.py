@@ -1,0 +1,139 @@
+"""Proto <-> domain conversion for the plane: the only place both meet."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from warden.shared.canonical import compact_json
+from warden.v1 import errors_pb2, governor_pb2, registry_pb2
+
+from warden_server.auth.actors import Actor
+from warden_server.errors import InvalidRequest
+from warden_server.pipeline.failure import Failure
+from warden_server.registry import (
+    SURFACES,
+    Capability,
+    CapabilityDefinition,
+    DeclaredError,
+    schema_from_json,
+)
+
+SIDE_EFFECTS = {
+    registry_pb2.SIDE_EFFECT_READ: "read",
+    registry_pb2.SIDE_EFFECT_WRITE: "write",
+    registry_pb2.SIDE_EFFECT_IDEMPOTENT: "idempotent",
+}
+SIDE_EFFECT_NUMBERS = {name: number for number, name in SIDE_EFFECTS.items()}
+OUTCOME_STATUSES = {
+    governor_pb2.OUTCOME_STATUS_SUCCEEDED: "succeeded",
+    governor_pb2.OUTCOME_STATUS_FAILED: "failed",
+    governor_pb2.OUTCOME_STATUS_CANCELLED: "cancelled",
+}
+
+
+def definition_from_proto(message: registry_pb2.CapabilityDefinition) -> CapabilityDefinition:
+    label = message.id or "<no id>"
+    side_effect = SIDE_EFFECTS.get(message.side_effect)
+    if side_effect is None:
+        raise InvalidRequest(f"{label}: side_effect is required (read, write or idempotent)")
+    return CapabilityDefinition(
+        id=message.id,
+        version=message.version,
+        description=message.description,
+        input_schema=schema_from_json(message.input_schema_json, f"{label}: input_schema_json"),
+        output_schema=schema_from_json(message.output_schema_json, f"{label}: output_schema_json"),
+        errors=tuple(DeclaredError(e.code, e.message, e.retryable) for e in message.errors),
+        side_effect=side_effect,  # type: ignore[arg-type]
+        timeout_ms=message.timeout_ms,
+        exposure=tuple(message.exposure) or SURFACES,
+        required_roles=tuple(message.required_roles),
+        tags=tuple(message.tags),
+    )
+
+
+def capability_to_proto(capability: Capability) -> registry_pb2.Capability:
+    d = capability.definition
+    return registry_pb2.Capability(
+        definition=registry_pb2.CapabilityDefinition(
+            id=d.id,
+            version=d.version,
+            description=d.description,
+            input_schema_json=compact_json(d.input_schema),
+            output_schema_json=compact_json(d.output_schema),
+            errors=[
+                registry_pb2.DeclaredError(code=e.code, message=e.message, retryable=e.retryable)
+                for e in d.errors
+            ],
+            side_effect=SIDE_EFFECT_NUMBERS[d.side_effect],
+            timeout_ms=d.timeout_ms,
+            exposure=list(d.exposure),
+            required_roles=list(d.required_roles),
+            tags=list(d.tags),
+        ),
+        service=capability.service,
+        digest=capability.digest,
+        registered_at=timestamp(datetime.fromisoformat(capability.registered_at)),
+    )
+
+
+def failure_to_proto(failure: Failure) -> errors_pb2.Failure:
+    return errors_pb2.Failure(
+        code=failure.code,
+        stage=failure.stage,
+        public_message=failure.public_message,
+        retryable=failure.retryable,
+        exposed=failure.exposed,
+        details_json=compact_json(failure.details) if failure.details else "",
+    )
+
+
+def actor_to_proto(actor: Actor) -> governor_pb2.Actor:
+    return governor_pb2.Actor(
+        id=actor.id,
+        roles=list(actor.roles),
+        tenant=actor.tenant,
+        attrs_json=compact_json(dict(actor.attrs)),
+    )
+
+
+def timestamp(moment: datetime) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+def surface_of(value: str) -> str:
+    surface = value or "direct"
+    if surface not in SURFACES:
+        raise InvalidRequest(f"unknown surface {surface!r} (known: {', '.join(SURFACES)})")
+    return surface
+
+
+def context_of(text: str, field: str = "context_json") -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"{field} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{field} must be a JSON object")
+    return value
+
+
+def invocation_id_of(text: str) -> str:
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise InvalidRequest("invocation_id must be a UUID") from None
+
+
+def details_of(text: str) -> dict[str, Any] | None:
+    if not text:
+        return None
+    value = context_of(text, "failure.details_json")
+    return value

@@ -1,0 +1,140 @@
+"""The Governor servicer: Begin and Complete."""
+
+from __future__ import annotations
+
+import grpc
+from warden.v1 import errors_pb2, governor_pb2, governor_pb2_grpc
+
+from warden_server.auth.services import SERVICE_TOKEN_METADATA, Service, ServiceAuthenticationError
+from warden_server.errors import InvalidRequest
+from warden_server.pipeline.begin import BeginResult, begin, reject
+from warden_server.pipeline.complete import CompleteRequest, OutcomeFailure, complete
+from warden_server.pipeline.context import BeginRequest
+from warden_server.plane import Plane
+from warden_server.services import convert
+from warden_server.services.status import rpc
+
+
+def calling_service(plane: Plane, context: grpc.ServicerContext) -> Service:
+    metadata = dict(context.invocation_metadata())
+    token = metadata.get(SERVICE_TOKEN_METADATA)
+    return plane.services.authenticate(token if isinstance(token, str) else None)
+
+
+class GovernorServicer(governor_pb2_grpc.GovernorServicer):
+    def __init__(self, plane: Plane) -> None:
+        self._plane = plane
+
+    @rpc
+    def Begin(
+        self, request: governor_pb2.BeginRequest, context: grpc.ServicerContext
+    ) -> governor_pb2.BeginResponse:
+        plane = self._plane
+        service_name = None
+        try:
+            service = calling_service(plane, context)
+            service_name = service.name
+            decoded = _decode_begin(request, service)
+            if plane.store.get_invocation(decoded.invocation_id) is not None:
+                raise InvalidRequest(f"invocation_id {decoded.invocation_id} was already used")
+        except (ServiceAuthenticationError, InvalidRequest) as exc:
+            reject(
+                plane,
+                reason=f"{type(exc).__name__}: {exc}",
+                invocation_id=request.invocation_id[:64],
+                capability_id=request.capability_id[:200],
+                service=service_name,
+                surface=request.surface[:32],
+            )
+            raise
+        return _encode_begin(begin(plane, decoded))
+
+    @rpc
+    def Complete(
+        self, request: governor_pb2.CompleteRequest, context: grpc.ServicerContext
+    ) -> governor_pb2.CompleteResponse:
+        service = calling_service(self._plane, context)
+        status = convert.OUTCOME_STATUSES.get(request.status)
+        if status is None:
+            raise InvalidRequest("status must be SUCCEEDED, FAILED or CANCELLED")
+        failure = None
+        if request.HasField("failure"):
+            f = request.failure
+            failure = OutcomeFailure(
+                code=f.code,
+                stage=f.stage,
+                public_message=f.public_message,
+                retryable=f.retryable,
+                exposed=f.exposed,
+                details=convert.details_of(f.details_json),
+            )
+        seq = complete(
+            self._plane,
+            CompleteRequest(
+                service=service,
+                invocation_id=request.invocation_id,
+                grant_token=request.grant_token,
+                status=status,
+                failure=failure,
+                output_json=request.output_json,
+                executed_before_failure=request.executed_before_failure,
+                cause_type=request.diagnostics.cause_type,
+                cause_message=request.diagnostics.cause_message,
+                stack=request.diagnostics.stack,
+                duration_ms=request.duration_ms,
+            ),
+        )
+        return governor_pb2.CompleteResponse(audit_seq=seq)
+
+
+def _decode_begin(request: governor_pb2.BeginRequest, service: Service) -> BeginRequest:
+    if not request.capability_id:
+        raise InvalidRequest("capability_id is required")
+    if len(request.capability_id) > 200:
+        raise InvalidRequest("capability_id is longer than 200 characters")
+    return BeginRequest(
+        service=service,
+        invocation_id=convert.invocation_id_of(request.invocation_id),
+        capability_id=request.capability_id,
+        capability_version=request.capability_version,
+        actor_token=request.actor_token,
+        input_json=request.input_json,
+        surface=convert.surface_of(request.surface),
+        context=convert.context_of(request.context_json),
+        approval_id=request.approval_id,
+        idempotency_key=request.idempotency_key,
+    )
+
+
+def _encode_begin(result: BeginResult) -> governor_pb2.BeginResponse:
+    response = governor_pb2.BeginResponse(
+        invocation_id=result.invocation_id, policy_revision=result.policy_revision
+    )
+    if result.grant is not None:
+        grant, actor = result.grant, result.context.actor
+        assert actor is not None
+        response.grant.CopyFrom(
+            governor_pb2.Grant(
+                token=grant.token,
+                capability_version=grant.capability_version,
+                input_json=grant.input_json,
+                input_digest=grant.input_digest,
+                actor=convert.actor_to_proto(actor),
+                timeout_ms=grant.timeout_ms,
+                expires_at=convert.timestamp(grant.expires_at),
+            )
+        )
+    elif result.approval_id is not None:
+        assert result.failure is not None and result.approval_expires_at is not None
+        response.suspension.CopyFrom(
+            governor_pb2.Suspension(
+                failure=convert.failure_to_proto(result.failure),
+                approval_id=result.approval_id,
+                expires_at=convert.timestamp(result.approval_expires_at),
+            )
+        )
+    else:
+        assert result.failure is not None
+        failure: errors_pb2.Failure = convert.failure_to_proto(result.failure)
+        response.failure.CopyFrom(failure)
+    return response

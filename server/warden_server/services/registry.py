@@ -1,0 +1,63 @@
+"""The Registry servicer: register, list and get capabilities."""
+
+from __future__ import annotations
+
+import grpc
+from warden.v1 import registry_pb2, registry_pb2_grpc
+
+from warden_server import discovery
+from warden_server.errors import NotFound
+from warden_server.plane import Plane
+from warden_server.services import convert
+from warden_server.services.governor import calling_service
+from warden_server.services.status import rpc
+
+
+class RegistryServicer(registry_pb2_grpc.RegistryServicer):
+    def __init__(self, plane: Plane) -> None:
+        self._plane = plane
+
+    @rpc
+    def Register(
+        self, request: registry_pb2.RegisterRequest, context: grpc.ServicerContext
+    ) -> registry_pb2.RegisterResponse:
+        service = calling_service(self._plane, context)
+        definitions = [convert.definition_from_proto(d) for d in request.capabilities]
+        registered = self._plane.registry.register(service, definitions)
+        return registry_pb2.RegisterResponse(
+            capabilities=[convert.capability_to_proto(c) for c in registered]
+        )
+
+    @rpc
+    def ListCapabilities(
+        self, request: registry_pb2.ListCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> registry_pb2.ListCapabilitiesResponse:
+        calling_service(self._plane, context)
+        actor = self._plane.actors.verify(request.actor_token)
+        found = discovery.list_visible(
+            self._plane,
+            actor,
+            convert.surface_of(request.surface),
+            convert.context_of(request.context_json),
+        )
+        return registry_pb2.ListCapabilitiesResponse(
+            capabilities=[convert.capability_to_proto(c) for c in found]
+        )
+
+    @rpc
+    def GetCapability(
+        self, request: registry_pb2.GetCapabilityRequest, context: grpc.ServicerContext
+    ) -> registry_pb2.GetCapabilityResponse:
+        calling_service(self._plane, context)
+        actor = self._plane.actors.verify(request.actor_token)
+        found = discovery.get_visible(
+            self._plane,
+            request.id,
+            request.version,
+            actor,
+            convert.surface_of(request.surface),
+            convert.context_of(request.context_json),
+        )
+        if found is None:
+            raise NotFound("Capability not found.")
+        return registry_pb2.GetCapabilityResponse(capability=convert.capability_to_proto(found))

@@ -1,0 +1,68 @@
+"""The one mapping from domain errors to gRPC status."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+
+from warden_server.auth.actors import AuthenticationError
+from warden_server.auth.services import ServiceAuthenticationError
+from warden_server.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    RequestError,
+    Unauthenticated,
+)
+from warden_server.store import StoreError
+
+log = logging.getLogger("warden_server.rpc")
+R = TypeVar("R")
+
+_STATUS: dict[type[Exception], grpc.StatusCode] = {
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    ServiceAuthenticationError: grpc.StatusCode.UNAUTHENTICATED,
+    AuthenticationError: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    Conflict: grpc.StatusCode.ALREADY_EXISTS,
+}
+
+
+def status_of(exc: Exception) -> grpc.StatusCode:
+    for kind in type(exc).__mro__:
+        if kind in _STATUS:
+            return _STATUS[kind]
+    if isinstance(exc, RequestError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.INTERNAL
+
+
+def rpc(method: Callable[..., R]) -> Callable[..., R]:
+    """Map what a servicer method raises to a gRPC status, never leaking internals."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> R:
+        try:
+            return method(self, request, context)
+        except (RequestError, ServiceAuthenticationError, AuthenticationError) as exc:
+            abort(context, status_of(exc), str(exc))
+        except StoreError as exc:
+            log.error("store unavailable in %s: %s", method.__name__, exc)
+            abort(context, grpc.StatusCode.UNAVAILABLE, "the governance store is unavailable")
+        except Exception:
+            log.exception("unexpected error in %s", method.__name__)
+            abort(context, grpc.StatusCode.INTERNAL, "internal error in the governance plane")
+
+    return wrapper
+
+
+def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    context.abort(code, message)
+    raise AssertionError("unreachable: context.abort raises")

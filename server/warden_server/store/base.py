@@ -1,0 +1,78 @@
+"""The store's interfaces: a write transaction and the store around it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, TypeVar
+
+from warden_server.audit.events import AuditEvent
+from warden_server.store.records import ApprovalRecord, CapabilityRecord, InvocationRecord
+
+T = TypeVar("T")
+
+
+class StoreError(Exception):
+    """The store could not do what was asked (I/O, a full disk, a closed store)."""
+
+
+class WriteTransaction(Protocol):
+    """Writes that commit together. Audit events appended here are durable
+    when ``Store.transact`` returns, and are undone if the work raises."""
+
+    def append_audit(self, event: AuditEvent) -> int:
+        """Append an audit record; returns its sequence number."""
+        ...
+
+    def capability_versions(self, capability_id: str) -> list[CapabilityRecord]:
+        """Every version of a capability, oldest first, as this transaction sees it."""
+        ...
+
+    def insert_capability(self, record: CapabilityRecord) -> None: ...
+
+    def insert_invocation(self, record: InvocationRecord) -> None: ...
+
+    def complete_invocation(self, invocation_id: str, completed_at: str) -> bool:
+        """Mark a granted invocation completed; False if it was not ``granted``."""
+        ...
+
+    def insert_approval(self, record: ApprovalRecord) -> None: ...
+
+    def consume_approval(self, approval_id: str, consumed_at: str) -> bool:
+        """Move an approval from ``approved`` to ``consumed``; False if it was not approved."""
+        ...
+
+
+class Store(Protocol):
+    """Everything the plane persists."""
+
+    def transact(self, work: Callable[[WriteTransaction], T]) -> T:
+        """Run ``work`` in a write transaction and return once it is durable.
+
+        Concurrent callers' transactions may be committed together (group
+        commit); each one's work is isolated, so one failing undoes only itself.
+        """
+        ...
+
+    def get_capability(self, capability_id: str, version: str) -> CapabilityRecord | None: ...
+
+    def latest_capability(self, capability_id: str) -> CapabilityRecord | None: ...
+
+    def capability_versions(self, capability_id: str) -> list[CapabilityRecord]: ...
+
+    def latest_capabilities(self) -> list[CapabilityRecord]: ...
+
+    def get_invocation(self, invocation_id: str) -> InvocationRecord | None: ...
+
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
+
+    def audit_rows(
+        self,
+        where: str = "",
+        params: Mapping[str, Any] | None = None,
+        order: str = "seq",
+        limit: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Audit records as column dicts (the reader side of the audit log)."""
+        ...
+
+    def close(self) -> None: ...

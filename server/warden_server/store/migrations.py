@@ -1,0 +1,139 @@
+"""Schema migrations for the SQLite store, applied in order at open.
+
+``PRAGMA user_version`` records how many have run; each migration is a
+function over a ``sqlite_utils.Database`` and is never edited once released.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+import sqlite_utils
+
+
+def _m001_initial(db: sqlite_utils.Database) -> None:
+    db.table("audit_events").create(
+        {
+            "seq": int,
+            "event_id": str,
+            "ts": str,
+            "kind": str,
+            "invocation_id": str,
+            "capability_id": str,
+            "capability_version": str,
+            "service": str,
+            "actor_id": str,
+            "tenant": str,
+            "surface": str,
+            "status": str,
+            "stage": str,
+            "code": str,
+            "exposed": int,
+            "retryable": int,
+            "public_message": str,
+            "executed_before_failure": int,
+            "policy_revision": str,
+            "rules": str,
+            "approval_id": str,
+            "input_digest": str,
+            "input": str,
+            "output": str,
+            "cause_type": str,
+            "cause_message": str,
+            "stack": str,
+            "duration_ms": int,
+            "trace_id": str,
+            "reason": str,
+            "details": str,
+            "prev_hash": str,
+            "hash": str,
+        },
+        pk="seq",
+        not_null={"event_id", "ts", "kind", "status", "prev_hash", "hash"},
+    )
+    table = db.table("audit_events")
+    table.create_index(["event_id"], unique=True)
+    table.create_index(["ts"])
+    table.create_index(["invocation_id"])
+    table.create_index(["capability_id", "ts"])
+    table.create_index(["actor_id", "ts"])
+    table.create_index(["tenant", "ts"])
+    table.create_index(["stage", "ts"])
+    table.create_index(["code", "ts"])
+
+    db.table("capabilities").create(
+        {
+            "id": str,
+            "version": str,
+            "service": str,
+            "digest": str,
+            "definition": str,
+            "registered_at": str,
+            "ordinal": int,
+        },
+        pk=("id", "version"),
+        not_null={"service", "digest", "definition", "registered_at", "ordinal"},
+    )
+    db.table("capabilities").create_index(["id", "ordinal"], unique=True)
+
+    db.table("invocations").create(
+        {
+            "invocation_id": str,
+            "service": str,
+            "capability_id": str,
+            "capability_version": str,
+            "actor_id": str,
+            "tenant": str,
+            "surface": str,
+            "input_digest": str,
+            "state": str,
+            "granted_at": str,
+            "expires_at": str,
+            "completed_at": str,
+        },
+        pk="invocation_id",
+    )
+
+    db.table("approvals").create(
+        {
+            "approval_id": str,
+            "capability_id": str,
+            "capability_version": str,
+            "service": str,
+            "requester_id": str,
+            "tenant": str,
+            "input_digest": str,
+            "input": str,
+            "rule_id": str,
+            "message": str,
+            "approvers": str,
+            "state": str,
+            "created_at": str,
+            "expires_at": str,
+            "decided_by": str,
+            "reason": str,
+            "decided_at": str,
+        },
+        pk="approval_id",
+    )
+    db.table("approvals").create_index(["tenant", "state"])
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial]
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply every migration not yet applied; returns the schema version."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > len(MIGRATIONS):
+        raise RuntimeError(
+            f"the store's schema version {version} is newer than this Warden "
+            f"({len(MIGRATIONS)}): upgrade Warden"
+        )
+    db = sqlite_utils.Database(conn)
+    for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
+        with conn:
+            migration(db)
+            conn.execute(f"PRAGMA user_version = {number}")
+    return len(MIGRATIONS)

@@ -1,0 +1,64 @@
+"""Rows of the store's tables, as plain values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityRecord:
+    """One registered, immutable version of a capability."""
+
+    id: str
+    version: str
+    service: str
+    digest: str
+    definition: dict[str, Any]
+    """The definition as JSON (see ``registry.CapabilityDefinition``)."""
+    registered_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class InvocationRecord:
+    """A granted invocation, until its outcome is reported."""
+
+    invocation_id: str
+    service: str
+    capability_id: str
+    capability_version: str
+    actor_id: str
+    tenant: str
+    surface: str
+    input_digest: str
+    state: str
+    """``granted`` or ``completed``."""
+    granted_at: str
+    expires_at: str
+    completed_at: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """A request for a human to approve one call, bound per SI-6."""
+
+    approval_id: str
+    capability_id: str
+    capability_version: str
+    service: str
+    requester_id: str
+    tenant: str
+    input_digest: str
+    input: str
+    """The redacted input, as JSON, for the approver to read."""
+    rule_id: str
+    message: str
+    approvers: str
+    """The rule's CEL condition over ``approver``."""
+    state: str
+    """``pending``, ``approved``, ``denied``, ``expired`` or ``consumed``."""
+    created_at: str
+    expires_at: str
+    decided_by: str | None = None
+    reason: str | None = None
+    decided_at: str | None = None

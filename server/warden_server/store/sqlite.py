@@ -1,0 +1,332 @@
+"""The SQLite store: WAL, one writer thread with group commit, per-thread readers.
+
+One thread owns the write connection. Callers hand it work through a queue;
+it takes everything waiting, runs each piece of work inside its own SAVEPOINT
+of one transaction, and commits once (``synchronous=FULL``), so many
+concurrent requests' audit records become durable with a single fsync. A
+piece of work that raises is rolled back to its savepoint alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from warden_server.audit.chain import GENESIS, record_hash
+from warden_server.audit.events import COLUMNS, AuditEvent
+from warden_server.errors import Conflict
+from warden_server.store.base import StoreError
+from warden_server.store.migrations import migrate
+from warden_server.store.records import ApprovalRecord, CapabilityRecord, InvocationRecord
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+_INSERT_AUDIT = (
+    f"INSERT INTO audit_events ({', '.join(COLUMNS)}) "  # noqa: S608 (constant columns)
+    f"VALUES ({', '.join(':' + c for c in COLUMNS)})"
+)
+_STOP = object()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=30000")
+    return conn
+
+
+class _Job:
+    __slots__ = ("future", "work")
+
+    def __init__(self, work: Callable[[SQLiteTransaction], Any]) -> None:
+        self.work = work
+        self.future: Future[Any] = Future()
+
+
+@dataclass(slots=True)
+class _ChainHead:
+    """The last record of the chain, as the writer thread sees it."""
+
+    seq: int
+    hash: str
+
+
+class SQLiteTransaction:
+    """The writes of one piece of work inside a group-committed transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, head: _ChainHead) -> None:
+        self._conn = conn
+        self._head = head
+
+    def append_audit(self, event: AuditEvent) -> int:
+        row = event.row(self._head.seq + 1, self._head.hash)
+        row["hash"] = record_hash(row)
+        self._conn.execute(_INSERT_AUDIT, row)
+        self._head.seq, self._head.hash = row["seq"], row["hash"]
+        return self._head.seq
+
+    def capability_versions(self, capability_id: str) -> list[CapabilityRecord]:
+        rows = self._conn.execute(
+            "SELECT * FROM capabilities WHERE id = ? ORDER BY ordinal", (capability_id,)
+        )
+        return [_capability(row) for row in rows]
+
+    def insert_capability(self, record: CapabilityRecord) -> None:
+        ordinal = self._conn.execute(
+            "SELECT coalesce(max(ordinal), 0) + 1 FROM capabilities WHERE id = ?", (record.id,)
+        ).fetchone()[0]
+        row = asdict(record)
+        row["definition"] = json.dumps(record.definition, sort_keys=True)
+        row["ordinal"] = ordinal
+        self._conn.execute(
+            "INSERT INTO capabilities (id, version, service, digest, definition, registered_at, "
+            "ordinal) VALUES (:id, :version, :service, :digest, :definition, :registered_at, "
+            ":ordinal)",
+            row,
+        )
+
+    def insert_invocation(self, record: InvocationRecord) -> None:
+        row = asdict(record)
+        try:
+            self._conn.execute(
+                f"INSERT INTO invocations ({', '.join(row)}) "  # noqa: S608 (dataclass fields)
+                f"VALUES ({', '.join(':' + k for k in row)})",
+                row,
+            )
+        except sqlite3.IntegrityError:
+            raise Conflict(f"invocation id {record.invocation_id} was already granted") from None
+
+    def complete_invocation(self, invocation_id: str, completed_at: str) -> bool:
+        cursor = self._conn.execute(
+            "UPDATE invocations SET state = 'completed', completed_at = ? "
+            "WHERE invocation_id = ? AND state = 'granted'",
+            (completed_at, invocation_id),
+        )
+        return bool(cursor.rowcount == 1)
+
+    def insert_approval(self, record: ApprovalRecord) -> None:
+        row = asdict(record)
+        self._conn.execute(
+            f"INSERT INTO approvals ({', '.join(row)}) "  # noqa: S608 (dataclass fields)
+            f"VALUES ({', '.join(':' + k for k in row)})",
+            row,
+        )
+
+    def consume_approval(self, approval_id: str, consumed_at: str) -> bool:
+        cursor = self._conn.execute(
+            "UPDATE approvals SET state = 'consumed', decided_at = coalesce(decided_at, ?) "
+            "WHERE approval_id = ? AND state = 'approved'",
+            (consumed_at, approval_id),
+        )
+        return bool(cursor.rowcount == 1)
+
+
+class SQLiteStore:
+    """The embedded store (see the module docstring for how writes commit)."""
+
+    def __init__(self, path: str | Path, *, max_batch: int = 512) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._max_batch = max_batch
+        self._write_conn = _connect(self.path)
+        migrate(self._write_conn)
+        self._head = _ChainHead(0, GENESIS)
+        self._load_chain_head()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self.batches_committed = 0
+        self._writer = threading.Thread(
+            target=self._run_writer, name="warden-store-writer", daemon=True
+        )
+        self._writer.start()
+
+    # -- writing -----------------------------------------------------------
+
+    def transact(self, work: Callable[[SQLiteTransaction], T]) -> T:
+        if self._closed:
+            raise StoreError("the store is closed")
+        job = _Job(work)
+        self._queue.put(job)
+        result: T = job.future.result()
+        return result
+
+    def _load_chain_head(self) -> None:
+        row = self._write_conn.execute(
+            "SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        self._head.seq, self._head.hash = (row["seq"], row["hash"]) if row else (0, GENESIS)
+
+    def _run_writer(self) -> None:
+        conn = self._write_conn
+        tx = SQLiteTransaction(conn, self._head)
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                break
+            batch: list[_Job] = [first]
+            stop_after = False
+            while len(batch) < self._max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stop_after = True
+                    break
+                batch.append(item)
+            self._commit_batch(conn, tx, batch)
+            if stop_after:
+                break
+        conn.close()
+
+    def _commit_batch(
+        self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Job]
+    ) -> None:
+        outcomes: list[tuple[_Job, Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job in batch:
+                head = (self._head.seq, self._head.hash)
+                conn.execute("SAVEPOINT job")
+                try:
+                    result = job.work(tx)
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                    self._head.seq, self._head.hash = head
+                    outcomes.append((job, None, exc))
+                else:
+                    conn.execute("RELEASE job")
+                    outcomes.append((job, result, None))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            log.exception("store commit failed; %d transactions rolled back", len(batch))
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._load_chain_head()
+            error = StoreError(f"the store could not commit: {exc}")
+            for job in batch:
+                job.future.set_exception(error)
+            return
+        self.batches_committed += 1
+        for job, result, failure in outcomes:
+            if failure is None:
+                job.future.set_result(result)
+            else:
+                job.future.set_exception(failure)
+
+    # -- reading -----------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _connect(self.path)
+            conn.execute("PRAGMA query_only = ON")
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def get_capability(self, capability_id: str, version: str) -> CapabilityRecord | None:
+        row = (
+            self._reader()
+            .execute(
+                "SELECT * FROM capabilities WHERE id = ? AND version = ?", (capability_id, version)
+            )
+            .fetchone()
+        )
+        return _capability(row) if row else None
+
+    def latest_capability(self, capability_id: str) -> CapabilityRecord | None:
+        row = (
+            self._reader()
+            .execute(
+                "SELECT * FROM capabilities WHERE id = ? ORDER BY ordinal DESC LIMIT 1",
+                (capability_id,),
+            )
+            .fetchone()
+        )
+        return _capability(row) if row else None
+
+    def capability_versions(self, capability_id: str) -> list[CapabilityRecord]:
+        rows = self._reader().execute(
+            "SELECT * FROM capabilities WHERE id = ? ORDER BY ordinal", (capability_id,)
+        )
+        return [_capability(row) for row in rows]
+
+    def latest_capabilities(self) -> list[CapabilityRecord]:
+        rows = self._reader().execute(
+            "SELECT c.* FROM capabilities c JOIN (SELECT id, max(ordinal) AS ordinal "
+            "FROM capabilities GROUP BY id) latest USING (id, ordinal) ORDER BY c.id"
+        )
+        return [_capability(row) for row in rows]
+
+    def get_invocation(self, invocation_id: str) -> InvocationRecord | None:
+        row = (
+            self._reader()
+            .execute("SELECT * FROM invocations WHERE invocation_id = ?", (invocation_id,))
+            .fetchone()
+        )
+        return InvocationRecord(**dict(row)) if row else None
+
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        row = (
+            self._reader()
+            .execute("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
+            .fetchone()
+        )
+        return ApprovalRecord(**dict(row)) if row else None
+
+    def audit_rows(
+        self,
+        where: str = "",
+        params: Mapping[str, Any] | None = None,
+        order: str = "seq",
+        limit: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        # ``where`` and ``order`` are built by the audit reader from fixed columns;
+        # every value travels as a bound parameter.
+        sql = f"SELECT {', '.join(COLUMNS)} FROM audit_events"  # noqa: S608
+        if where:
+            sql += f" WHERE {where}"
+        sql += f" ORDER BY {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        for row in self._reader().execute(sql, dict(params or {})):
+            yield dict(row)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._writer.join()
+        with self._readers_lock:
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
+
+
+def _capability(row: sqlite3.Row) -> CapabilityRecord:
+    return CapabilityRecord(
+        id=row["id"],
+        version=row["version"],
+        service=row["service"],
+        digest=row["digest"],
+        definition=json.loads(row["definition"]),
+        registered_at=row["registered_at"],
+    )
