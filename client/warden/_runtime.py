@@ -327,13 +327,17 @@ class Runtime:
                 invocation_id, grant.token, spec, error, executed=ran.is_set(), started=started
             )
         except asyncio.CancelledError:
+            # The caller cancelled while the handler ran: the answer is an envelope
+            # with status cancelled, reported like every other outcome.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
             error = CapabilityError("CANCELLED")
-            await asyncio.shield(
+            return await asyncio.shield(
                 self._report(
                     invocation_id, grant.token, spec, error, executed=ran.is_set(), started=started
                 )
             )
-            raise
         except CapabilityError as raised:
             declared = spec.errors.get(raised.code)
             if declared is not None and raised.expose_to_model:

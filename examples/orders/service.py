@@ -11,8 +11,9 @@ import subprocess
 import sys
 from typing import Annotated
 
-import warden
 from pydantic import BaseModel, Field
+
+import warden
 
 ORDERS = {"A1": {"total": 1250, "refundable": True}, "B2": {"total": 80, "refundable": False}}
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from warden.v1 import governor_pb2, governor_pb2_grpc, registry_pb2, registry_pb2_grpc
 
+from warden.v1 import governor_pb2, governor_pb2_grpc, registry_pb2, registry_pb2_grpc
 from warden_server.plane import Plane
 from warden_server.services.governor import GovernorServicer
 from warden_server.services.registry import RegistryServicer

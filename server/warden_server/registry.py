@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
 from jsonschema import Draft202012Validator
+
 from warden.shared.canonical import compact_json, digest
 from warden.shared.codes import CODES
 from warden.shared.schema import InvalidSchemaError, compile_validator
-
 from warden_server.audit.events import AuditEvent, now_iso
 from warden_server.auth.services import Service
 from warden_server.errors import Conflict, InvalidRequest, PermissionDenied

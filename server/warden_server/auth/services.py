@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from warden.shared.wire import SERVICE_TOKEN_METADATA
-
 from warden_server.config import Config
 
 __all__ = [

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from warden.shared.canonical import compact_json
 from warden.shared.schema import redact
-
 from warden_server.audit.events import AuditEvent
 from warden_server.grants import GrantClaims
 from warden_server.pipeline.approval import approval, iso

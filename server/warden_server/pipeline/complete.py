@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, Final
 from warden.shared.canonical import compact_json
 from warden.shared.codes import STAGES
 from warden.shared.schema import redact
-
 from warden_server.audit.events import AuditEvent, now_iso
 from warden_server.auth.services import Service
 from warden_server.errors import Conflict, InvalidRequest, NotFound, PermissionDenied

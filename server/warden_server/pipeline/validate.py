@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from warden.shared.canonical import digest
 from warden.shared.schema import validation_issues
-
 from warden_server.pipeline.context import BeginContext
 from warden_server.pipeline.failure import Failure, fail
 

@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
+
 from warden.shared.canonical import compact_json
 from warden.v1 import errors_pb2, governor_pb2, registry_pb2
-
 from warden_server.auth.actors import Actor
 from warden_server.errors import InvalidRequest
 from warden_server.pipeline.failure import Failure

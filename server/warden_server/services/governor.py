@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import grpc
-from warden.v1 import errors_pb2, governor_pb2, governor_pb2_grpc
 
+from warden.v1 import errors_pb2, governor_pb2, governor_pb2_grpc
 from warden_server.auth.services import SERVICE_TOKEN_METADATA, Service, ServiceAuthenticationError
 from warden_server.errors import InvalidRequest
 from warden_server.pipeline.begin import BeginResult, begin, reject

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import grpc
-from warden.v1 import registry_pb2, registry_pb2_grpc
 
+from warden.v1 import registry_pb2, registry_pb2_grpc
 from warden_server import discovery
 from warden_server.errors import NotFound
 from warden_server.plane import Plane

@@ -1,0 +1,184 @@
+"""Shared fixtures: a real plane on an ephemeral port, a real SQLite file,
+real CEL policies and real JWTs."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sqlite3
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from warden_server.app import Server, serve
+from warden_server.auth.actors import mint_token
+from warden_server.config import Config, config_from_dict
+from warden_server.plane import Plane
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_POLICIES = ROOT / "policies"
+ORDERS_TOKEN = "test-orders-token"
+BILLING_TOKEN = "test-billing-token"
+ACTOR_SECRET = "test-only-actor-secret-0123456789abcdef"
+
+
+def load_example(name: str = "orders") -> ModuleType:
+    """Import examples/<name>/service.py (examples are not an installed package)."""
+    path = ROOT / "examples" / name / "service.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}_service", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_config(tmp_path: Path, policies: Path = EXAMPLE_POLICIES, **server: Any) -> Config:
+    return config_from_dict(
+        {
+            "server": {
+                "listen": "127.0.0.1:0",
+                "store": str(tmp_path / "warden.db"),
+                "policies": str(policies),
+                **server,
+            },
+            "actors": {"hs256_secret": ACTOR_SECRET, "issuer": "warden-test", "audience": "warden"},
+            "services": {
+                "orders": {"token": ORDERS_TOKEN, "namespaces": ["orders"]},
+                "billing": {"token": BILLING_TOKEN, "namespaces": ["billing"]},
+            },
+        },
+        base_dir=tmp_path,
+    )
+
+
+class Plant:
+    """A running plane and what tests need around it."""
+
+    def __init__(self, server: Server, tmp_path: Path) -> None:
+        self.server = server
+        self.tmp_path = tmp_path
+
+    @property
+    def target(self) -> str:
+        return self.server.target
+
+    @property
+    def config(self) -> Config:
+        return self.server.plane.config
+
+    @property
+    def db_path(self) -> Path:
+        return self.config.store_path
+
+    def token(
+        self,
+        sub: str = "bot-7",
+        roles: tuple[str, ...] = ("support",),
+        tenant: str = "acme",
+        ttl: int = 600,
+        **attrs: Any,
+    ) -> str:
+        return mint_token(
+            self.config, subject=sub, roles=roles, tenant=tenant, attrs=attrs, ttl_seconds=ttl
+        )
+
+    def rows(
+        self, sql: str = "SELECT * FROM audit_events ORDER BY seq", params: tuple[Any, ...] = ()
+    ) -> list[dict[str, Any]]:
+        """Read the store through a separate connection, as a security team would."""
+        conn = sqlite3.connect(self.db_path)
+        conn.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in conn.execute(sql, params)]
+        finally:
+            conn.close()
+
+    def events(self, **where: Any) -> list[dict[str, Any]]:
+        rows = self.rows()
+        return [r for r in rows if all(r[k] == v for k, v in where.items())]
+
+
+@pytest.fixture
+def start_plane(tmp_path: Path) -> Iterator[Callable[..., Plant]]:
+    """Start planes on ephemeral ports; every one is stopped at teardown."""
+    servers: list[Server] = []
+
+    def start(policies: Path = EXAMPLE_POLICIES, **server: Any) -> Plant:
+        config = make_config(tmp_path, policies, **server)
+        plane = Plane.from_config(config)
+        running = serve(plane, "127.0.0.1:0")
+        servers.append(running)
+        return Plant(running, tmp_path)
+
+    yield start
+    for running in servers:
+        running.stop(grace=0)
+
+
+@pytest.fixture
+def plant(start_plane: Callable[..., Plant]) -> Plant:
+    """The plane with the example policies."""
+    return start_plane()
+
+
+@pytest.fixture
+def orders_example() -> ModuleType:
+    return load_example("orders")
+
+
+@pytest.fixture
+def orders(plant: Plant, orders_example: ModuleType) -> Iterator[Any]:
+    """The example orders service's runtime, registered with the plane."""
+    rt = orders_example.build_runtime(plant.target, ORDERS_TOKEN)
+    rt.register()
+    yield rt
+    rt.close()
+
+
+@pytest.fixture
+def policy_dir(tmp_path: Path) -> Callable[[str], Path]:
+    """Write a policy folder with one file of the given YAML."""
+    counter = iter(range(1000))
+
+    def write(text: str) -> Path:
+        folder = tmp_path / f"policies-{next(counter)}"
+        folder.mkdir()
+        (folder / "rules.yaml").write_text(text)
+        return folder
+
+    return write
+
+
+def copy_policies(dest: Path) -> Path:
+    shutil.copytree(EXAMPLE_POLICIES, dest)
+    return dest
+
+
+@pytest.fixture
+def lab_plant(start_plane: Callable[..., Plant], tmp_path: Path) -> Plant:
+    """A plane with the laboratory policies."""
+    from tests.integration.lab import write_lab_policies
+
+    return start_plane(write_lab_policies(tmp_path / "lab-policies"))
+
+
+@pytest.fixture
+def lab() -> Any:
+    from tests.integration.lab import Lab
+
+    return Lab()
+
+
+@pytest.fixture
+def lab_rt(lab_plant: Plant, lab: Any) -> Iterator[Any]:
+    from tests.integration.lab import build_lab
+
+    rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
+    rt.register()
+    yield rt
+    rt.close()

@@ -1,0 +1,284 @@
+"""Every status and every error code reachable through invoke, end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+import warden
+from tests.conftest import ORDERS_TOKEN, Plant
+from tests.integration.lab import EchoOut, Lab, build_lab
+
+
+def outcome(plant: Plant, invocation_id: str) -> dict[str, Any]:
+    (row,) = plant.events(invocation_id=invocation_id, kind="outcome")
+    return row
+
+
+def decision(plant: Plant, invocation_id: str) -> dict[str, Any]:
+    (row,) = plant.events(invocation_id=invocation_id, kind="decision")
+    return row
+
+
+def test_succeeded_returns_the_validated_output_and_records_both_halves(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    env = lab_rt.invoke("orders.echo", {"n": 7, "note": "hi"}, actor=lab_plant.token())
+    assert env.status == "succeeded"
+    assert env.output == EchoOut(n=7, note="hi")
+    assert warden.unwrap(env) == EchoOut(n=7, note="hi")
+    assert env.error is None and env.approval_id is None
+    assert decision(lab_plant, env.invocation_id)["status"] == "granted"
+    row = outcome(lab_plant, env.invocation_id)
+    assert row["status"] == "succeeded"
+    assert json.loads(row["output"]) == {"n": 7, "note": "hi"}
+    assert row["executed_before_failure"] == 0
+
+
+def test_suspended_carries_approval_required_and_the_approval_id(
+    lab_rt: warden.Runtime, lab_plant: Plant, lab: Lab
+) -> None:
+    env = lab_rt.invoke("orders.echo", {"n": 42}, actor=lab_plant.token())
+    assert env.status == "suspended"
+    assert env.error is not None and env.error.code == "APPROVAL_REQUIRED"
+    assert env.error.stage == "approval"
+    assert env.error.public_message == "Forty-two needs a second pair of eyes."
+    assert env.approval_id and env.error.details is not None
+    assert env.error.details["approval_id"] == env.approval_id
+    assert env.error.details["expires_at"].endswith("Z")
+    assert lab.count("echo") == 0
+    (approval,) = lab_plant.rows("SELECT * FROM approvals")
+    assert approval["approval_id"] == env.approval_id and approval["state"] == "pending"
+    with pytest.raises(warden.CapabilityError) as raised:
+        warden.unwrap(env)
+    assert raised.value.code == "APPROVAL_REQUIRED"
+
+
+def test_cancelled_when_the_caller_cancels_a_running_handler(lab_plant: Plant, lab: Lab) -> None:
+    async def scenario() -> warden.Envelope:
+        rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
+        try:
+            await rt.aregister()
+            task = asyncio.create_task(
+                rt.ainvoke("orders.aslow", {"n": 150}, actor=lab_plant.token())
+            )
+            while lab.count("aslow") == 0:
+                await asyncio.sleep(0.005)
+            task.cancel()
+            return await task
+        finally:
+            await rt.aclose()
+            rt.close()
+
+    env = asyncio.run(scenario())
+    assert env.status == "cancelled"
+    assert env.error is not None and env.error.code == "CANCELLED"
+    assert env.error.stage == "cancellation" and env.error.retryable
+    row = outcome(lab_plant, env.invocation_id)
+    assert row["status"] == "cancelled" and row["code"] == "CANCELLED"
+
+
+@pytest.mark.parametrize(
+    ("capability", "arguments", "roles", "code", "stage"),
+    [
+        ("orders.nope", {"n": 1}, ("support",), "CAPABILITY_NOT_FOUND", "discovery"),
+        ("orders.echo", {"n": -1}, ("support",), "INPUT_INVALID", "input-validation"),
+        ("orders.admin", {"n": 1}, ("support",), "FORBIDDEN", "authorization"),
+        ("orders.echo", {"n": 101}, ("support",), "POLICY_DENIED", "policy"),
+        ("orders.echo", {"n": 1}, ("nobody",), "POLICY_DENIED", "policy"),
+        ("orders.echo", {"n": 13}, ("support",), "POLICY_FAILED", "policy"),
+        ("orders.echo", {"n": 1, "note": "refuse"}, ("support",), "NOT_ELIGIBLE", "execution"),
+        ("orders.echo", {"n": 1, "note": "explode"}, ("support",), "INTERNAL_ERROR", "execution"),
+        (
+            "orders.echo",
+            {"n": 1, "note": "undeclared"},
+            ("support",),
+            "INTERNAL_ERROR",
+            "execution",
+        ),
+        (
+            "orders.echo",
+            {"n": 1, "note": "lie"},
+            ("support",),
+            "OUTPUT_INVALID",
+            "output-validation",
+        ),
+        ("orders.slow", {"n": 600}, ("support",), "TIMEOUT", "timeout"),
+        ("orders.aslow", {"n": 600}, ("support",), "TIMEOUT", "timeout"),
+    ],
+)
+def test_failed_codes_and_stages(
+    lab_rt: warden.Runtime,
+    lab_plant: Plant,
+    capability: str,
+    arguments: dict[str, Any],
+    roles: tuple[str, ...],
+    code: str,
+    stage: str,
+) -> None:
+    env = lab_rt.invoke(capability, arguments, actor=lab_plant.token(roles=roles))
+    assert env.status == "failed"
+    assert env.error is not None
+    assert (env.error.code, env.error.stage) == (code, stage)
+    recorded = lab_plant.events(invocation_id=env.invocation_id)
+    assert recorded, "every attempt is audited"
+    assert recorded[-1]["code"] == code and recorded[-1]["stage"] == stage
+
+
+def test_unauthenticated_for_missing_expired_and_forged_tokens(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    import jwt
+
+    good = lab_plant.token()
+    forged = jwt.encode(
+        {**jwt.decode(good, options={"verify_signature": False})},
+        "another-secret-of-sufficient-length-123",
+        algorithm="HS256",
+    )
+    expired = lab_plant.token(ttl=-120)
+    reasons = []
+    for actor in (None, "not-a-jwt", forged, expired):
+        env = lab_rt.invoke("orders.echo", {"n": 1}, actor=actor)
+        assert env.status == "failed" and env.error is not None
+        assert (env.error.code, env.error.stage) == ("UNAUTHENTICATED", "authentication")
+        assert env.error.public_message == "Authentication is required."
+        reasons.append(decision(lab_plant, env.invocation_id)["reason"])
+    assert reasons[0] == "no actor token"
+    assert "signature" in reasons[2]
+    assert "expired" in reasons[3]
+
+
+def test_input_invalid_details_name_paths_and_never_values(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    env = lab_rt.invoke(
+        "orders.echo", {"n": "seven-hundred-thirty", "note": 99}, actor=lab_plant.token()
+    )
+    assert env.error is not None and env.error.code == "INPUT_INVALID"
+    assert env.error.details == {
+        "issues": [
+            {"path": "/n", "message": "must be of type integer"},
+            {"path": "/note", "message": "must be of type string"},
+        ]
+    }
+    assert "seven-hundred-thirty" not in json.dumps(env.error.to_model())
+
+
+def test_unparsable_arguments_fail_at_the_adapter_stage(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    env = lab_rt.invoke("orders.echo", {"n": {1, 2}}, actor=lab_plant.token())  # type: ignore[dict-item]
+    assert env.error is not None
+    assert (env.error.code, env.error.stage) == ("INPUT_INVALID", "adapter")
+
+
+def test_declared_error_is_exposed_with_its_message_and_details(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    env = lab_rt.invoke("orders.echo", {"n": 1, "note": "refuse"}, actor=lab_plant.token())
+    assert env.error is not None
+    assert env.error.to_model() == {
+        "code": "NOT_ELIGIBLE",
+        "message": "This number cannot be echoed.",
+        "retryable": False,
+        "details": {"hint": "use another note"},
+    }
+    assert not env.executed_before_failure
+
+
+def test_output_invalid_withholds_output_and_reports_execution(
+    lab_rt: warden.Runtime, lab_plant: Plant, lab: Lab
+) -> None:
+    env = lab_rt.invoke("orders.echo", {"n": 1, "note": "lie"}, actor=lab_plant.token())
+    assert env.output is None
+    assert env.executed_before_failure
+    assert env.error is not None and env.error.to_model() == {
+        "code": "INTERNAL_ERROR",
+        "message": "The operation failed.",
+    }
+    assert lab.count("echo") == 1
+    row = outcome(lab_plant, env.invocation_id)
+    assert row["code"] == "OUTPUT_INVALID" and row["executed_before_failure"] == 1
+    assert row["output"] is None
+    assert "must be of type integer" in row["cause_message"]
+
+
+def test_timeout_reports_that_the_handler_had_started(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    env = lab_rt.invoke("orders.slow", {"n": 600}, actor=lab_plant.token())
+    assert env.error is not None and env.error.retryable
+    assert env.executed_before_failure
+    assert outcome(lab_plant, env.invocation_id)["executed_before_failure"] == 1
+
+
+def test_a_call_budget_below_the_capability_budget_applies(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    env = lab_rt.invoke("orders.slow", {"n": 120}, actor=lab_plant.token(), timeout_ms=30)
+    assert env.error is not None and env.error.code == "TIMEOUT"
+    fast = lab_rt.invoke("orders.slow", {"n": 1}, actor=lab_plant.token(), timeout_ms=5000)
+    assert fast.status == "succeeded"
+
+
+def test_governance_unavailable_when_the_plane_is_down(lab: Lab) -> None:
+    rt = build_lab("127.0.0.1:9", ORDERS_TOKEN, lab, governance_timeout_ms=300)
+    try:
+        env = rt.invoke("orders.echo", {"n": 1}, actor="whatever")
+    finally:
+        rt.close()
+    assert env.status == "failed" and env.error is not None
+    assert (env.error.code, env.error.stage) == ("GOVERNANCE_UNAVAILABLE", "policy")
+    assert lab.count("echo") == 0
+
+
+def test_ainvoke_is_the_async_twin(lab_plant: Plant, lab: Lab) -> None:
+    async def scenario() -> list[warden.Envelope]:
+        rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
+        try:
+            return list(
+                await asyncio.gather(
+                    *(
+                        rt.ainvoke("orders.echo", {"n": n}, actor=lab_plant.token())
+                        for n in range(5)
+                    )
+                )
+            )
+        finally:
+            await rt.aclose()
+            rt.close()
+
+    envelopes = asyncio.run(scenario())
+    assert [e.output.n for e in envelopes] == list(range(5))
+    assert len({e.invocation_id for e in envelopes}) == 5
+
+
+def test_handler_context_carries_the_verified_actor(lab_plant: Plant) -> None:
+    seen: list[warden.Context] = []
+    rt = warden.Runtime(lab_plant.target, service="orders", token=ORDERS_TOKEN)
+
+    @rt.capability("orders.whoami", input=EchoOut, output=EchoOut, side_effect="read")
+    def whoami(inp: EchoOut, ctx: warden.Context) -> EchoOut:
+        seen.append(ctx)
+        return inp
+
+    try:
+        env = rt.invoke(
+            "orders.whoami",
+            {"n": 1},
+            actor=lab_plant.token(
+                sub="alice", roles=("support", "auditor"), tenant="acme", desk="emea"
+            ),
+        )
+    finally:
+        rt.close()
+    assert env.status == "succeeded"
+    (ctx,) = seen
+    assert ctx.actor.id == "alice" and ctx.actor.tenant == "acme"
+    assert ctx.actor.roles == ("support", "auditor")
+    assert ctx.actor.attrs["desk"] == "emea"
+    assert ctx.invocation_id == env.invocation_id
