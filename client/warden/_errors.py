@@ -116,4 +116,12 @@ def _rebuild(
 
 class WardenError(Exception):
     """A developer-facing error of the SDK itself: bad definitions, refused
-    registration, bad configuration. Never raised for a governed invocation."""
+    registration, bad configuration. Never raised for a governed invocation.
+
+    Attributes:
+        transient: the plane could not be reached, so trying again may work.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient

@@ -240,7 +240,7 @@ class Runtime:
         try:
             await self._ensure_registered()
         except WardenError as exc:
-            error = CapabilityError("GOVERNANCE_UNAVAILABLE", retryable=False, cause=exc)
+            error = CapabilityError("GOVERNANCE_UNAVAILABLE", retryable=exc.transient, cause=exc)
             return Envelope("failed", invocation_id, error=error)
         spec = self._capabilities.get(capability_id)
         request = governor_pb2.BeginRequest(

@@ -76,7 +76,8 @@ class Transport:
             )
         except grpc.aio.AioRpcError as exc:
             raise WardenError(
-                f"registration with {self.target} failed ({exc.code().name}): {exc.details()}"
+                f"registration with {self.target} failed ({exc.code().name}): {exc.details()}",
+                transient=exc.code() in _TRANSIENT,
             ) from None
         return response
 

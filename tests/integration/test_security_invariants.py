@@ -1,0 +1,422 @@
+"""SPEC §4: the security invariants this foundation carries, one test (or more)
+named after each, against the real plane."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+import warden
+from tests.conftest import ORDERS_TOKEN, Plant
+from tests.integration.lab import EchoIn, EchoOut, Lab, build_lab
+from warden.shared.canonical import digest
+from warden.v1 import governor_pb2, governor_pb2_grpc
+from warden_server.audit.chain import verify_rows
+
+SERVICE = (("x-warden-service-token", ORDERS_TOKEN),)
+
+
+def begin(
+    plant: Plant,
+    capability: str,
+    arguments: Any,
+    *,
+    actor: str,
+    surface: str = "",
+    raw_input: str | None = None,
+) -> governor_pb2.BeginResponse:
+    with grpc.insecure_channel(plant.target) as channel:
+        stub = governor_pb2_grpc.GovernorStub(channel)
+        return stub.Begin(
+            governor_pb2.BeginRequest(
+                invocation_id=str(uuid.uuid4()),
+                capability_id=capability,
+                actor_token=actor,
+                input_json=raw_input if raw_input is not None else json.dumps(arguments),
+                surface=surface,
+            ),
+            metadata=SERVICE,
+        )
+
+
+# -- SI-1 fail closed -------------------------------------------------------
+
+
+def test_si1_plane_unreachable_means_governance_unavailable_and_no_execution(lab: Lab) -> None:
+    rt = build_lab("127.0.0.1:9", ORDERS_TOKEN, lab, governance_timeout_ms=300)
+    try:
+        env = rt.invoke("orders.echo", {"n": 1}, actor="any")
+    finally:
+        rt.close()
+    assert env.error is not None and env.error.code == "GOVERNANCE_UNAVAILABLE"
+    assert env.error.retryable
+    assert lab.count("echo") == 0
+
+
+def test_si1_plane_gone_after_registration_fails_closed(
+    lab_plant: Plant, lab: Lab, lab_rt: warden.Runtime
+) -> None:
+    token = lab_plant.token()
+    lab_plant.server.stop(grace=0)
+    env = lab_rt.invoke("orders.echo", {"n": 1}, actor=token)
+    assert env.error is not None and env.error.code == "GOVERNANCE_UNAVAILABLE"
+    assert lab.count("echo") == 0
+
+
+def test_si1_plane_refusing_the_service_fails_closed_without_false_retry_advice(
+    lab_plant: Plant, lab: Lab
+) -> None:
+    rt = build_lab(lab_plant.target, "not-a-service-token", lab)
+    try:
+        env = rt.invoke("orders.echo", {"n": 1}, actor=lab_plant.token())
+    finally:
+        rt.close()
+    assert env.error is not None and env.error.code == "GOVERNANCE_UNAVAILABLE"
+    assert env.error.retryable is False
+    assert lab.count("echo") == 0
+
+
+@pytest.mark.parametrize(
+    ("capability", "arguments", "roles"),
+    [
+        ("orders.missing", {"n": 1}, ("support",)),
+        ("orders.secret", {"n": 1}, ("support",)),
+        ("orders.mcp_only", {"n": 1}, ("support",)),
+        ("orders.echo", {"n": -5}, ("support",)),
+        ("orders.admin", {"n": 1}, ("support",)),
+        ("orders.echo", {"n": 500}, ("support",)),
+        ("orders.echo", {"n": 13}, ("support",)),
+        ("orders.echo", {"n": 42}, ("support",)),
+        ("orders.echo", {"n": 1}, ("nobody",)),
+    ],
+)
+def test_si1_no_handler_runs_without_a_grant(
+    lab_rt: warden.Runtime,
+    lab_plant: Plant,
+    lab: Lab,
+    capability: str,
+    arguments: dict[str, Any],
+    roles: tuple[str, ...],
+) -> None:
+    env = lab_rt.invoke(capability, arguments, actor=lab_plant.token(roles=roles))
+    assert env.status in ("failed", "suspended")
+    assert sum(lab.runs.values()) == 0
+
+
+def test_si1_grant_is_bound_to_invocation_capability_version_actor_and_digest(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    response = begin(
+        lab_plant, "orders.echo", {"note": "x", "n": 5}, actor=lab_plant.token(sub="alice")
+    )
+    assert response.WhichOneof("outcome") == "grant"
+    claims = lab_plant.server.plane.grants.verify(response.grant.token)
+    assert claims.invocation_id == response.invocation_id
+    assert (claims.capability_id, claims.capability_version) == ("orders.echo", "1")
+    assert claims.actor_id == "alice"
+    assert claims.input_digest == digest({"n": 5, "note": "x"}) == response.grant.input_digest
+
+    other = begin(lab_plant, "orders.echo", {"n": 6}, actor=lab_plant.token())
+    with grpc.insecure_channel(lab_plant.target) as channel:
+        stub = governor_pb2_grpc.GovernorStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Complete(
+                governor_pb2.CompleteRequest(
+                    invocation_id=other.invocation_id,
+                    grant_token=response.grant.token,
+                    status=governor_pb2.OUTCOME_STATUS_SUCCEEDED,
+                ),
+                metadata=SERVICE,
+            )
+    assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "another invocation" in (raised.value.details() or "")
+
+
+# -- SI-2 validate before policy ---------------------------------------------
+
+
+def test_si2_policies_never_see_input_that_failed_validation(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    # `input.n > 100` would raise on a string; validation must stop it first.
+    env = lab_rt.invoke("orders.echo", {"n": "lots"}, actor=lab_plant.token())
+    assert env.error is not None and env.error.code == "INPUT_INVALID"
+    (row,) = lab_plant.events(invocation_id=env.invocation_id)
+    assert row["rules"] is None, "no policy rule was evaluated"
+    assert row["stage"] == "input-validation"
+
+
+def test_si2_the_handler_receives_exactly_the_validated_input(
+    lab_rt: warden.Runtime, lab_plant: Plant, lab: Lab
+) -> None:
+    env = lab_rt.invoke("orders.echo", {"n": 9, "note": "ünïcode"}, actor=lab_plant.token())
+    assert env.status == "succeeded"
+    assert lab.inputs == [EchoIn(n=9, note="ünïcode")]
+    (granted,) = lab_plant.events(invocation_id=env.invocation_id, kind="decision")
+    assert granted["input_digest"] == digest({"n": 9, "note": "ünïcode"})
+
+
+# -- SI-3 one audit trail ------------------------------------------------------
+
+
+def test_si3_every_attempt_produces_audit_records(lab_rt: warden.Runtime, lab_plant: Plant) -> None:
+    calls = [
+        ("orders.missing", {"n": 1}, ("support",)),
+        ("orders.secret", {"n": 1}, ("support",)),
+        ("orders.echo", {"n": 500}, ("support",)),
+        ("orders.echo", {"n": 42}, ("support",)),
+        ("orders.echo", {"n": "x"}, ("support",)),
+        ("orders.echo", {"n": 1, "note": "explode"}, ("support",)),
+        ("orders.echo", {"n": 1}, ("support",)),
+    ]
+    envelopes = [lab_rt.invoke(c, a, actor=lab_plant.token(roles=r)) for c, a, r in calls]
+    for env in envelopes:
+        decisions = lab_plant.events(invocation_id=env.invocation_id, kind="decision")
+        assert len(decisions) == 1, env
+    statuses = [
+        lab_plant.events(invocation_id=e.invocation_id, kind="decision")[0]["status"]
+        for e in envelopes
+    ]
+    assert statuses == ["failed", "failed", "failed", "suspended", "failed", "granted", "granted"]
+    for env in envelopes[-2:]:
+        assert len(lab_plant.events(invocation_id=env.invocation_id, kind="outcome")) == 1
+
+
+def test_si3_decision_record_is_committed_before_the_grant_returns(lab_plant: Plant) -> None:
+    seen: list[dict[str, Any]] = []
+    rt = warden.Runtime(lab_plant.target, service="orders", token=ORDERS_TOKEN)
+
+    @rt.capability("orders.peek", input=EchoIn, output=EchoOut, side_effect="read")
+    def peek(inp: EchoIn, ctx: warden.Context) -> EchoOut:
+        # The handler only runs after the grant arrived: its decision must be on disk.
+        conn = sqlite3.connect(lab_plant.db_path)
+        conn.row_factory = sqlite3.Row
+        try:
+            seen.extend(
+                dict(r)
+                for r in conn.execute(
+                    "SELECT * FROM audit_events WHERE invocation_id = ?", (ctx.invocation_id,)
+                )
+            )
+        finally:
+            conn.close()
+        return EchoOut(n=inp.n)
+
+    try:
+        env = rt.invoke("orders.peek", {"n": 1}, actor=lab_plant.token())
+    finally:
+        rt.close()
+    assert env.status == "succeeded"
+    assert [(r["kind"], r["status"]) for r in seen] == [("decision", "granted")]
+
+
+# -- SI-4 tamper evidence (the chain links) ------------------------------------
+
+
+def _populated(lab_rt: warden.Runtime, lab_plant: Plant) -> Path:
+    for n in range(4):
+        lab_rt.invoke("orders.echo", {"n": n}, actor=lab_plant.token())
+    return lab_plant.db_path
+
+
+def _verify(db: Path) -> Any:
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    try:
+        return verify_rows(dict(r) for r in conn.execute("SELECT * FROM audit_events ORDER BY seq"))
+    finally:
+        conn.close()
+
+
+def _tamper(db: Path, *statements: str) -> None:
+    conn = sqlite3.connect(db)
+    try:
+        for statement in statements:
+            conn.execute(statement)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def test_si4_records_are_hash_chained(lab_rt: warden.Runtime, lab_plant: Plant) -> None:
+    db = _populated(lab_rt, lab_plant)
+    rows = lab_plant.rows()
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
+    assert rows[0]["prev_hash"] == "0" * 64
+    for previous, row in itertools.pairwise(rows):
+        assert row["prev_hash"] == previous["hash"]
+    assert _verify(db).ok
+
+
+def test_si4_an_edited_record_is_named(lab_rt: warden.Runtime, lab_plant: Plant) -> None:
+    db = _populated(lab_rt, lab_plant)
+    _tamper(db, "UPDATE audit_events SET status = 'succeeded' WHERE seq = 5")
+    result = _verify(db)
+    assert not result.ok and result.first_bad_seq == 5
+
+
+def test_si4_a_deleted_record_is_named(lab_rt: warden.Runtime, lab_plant: Plant) -> None:
+    db = _populated(lab_rt, lab_plant)
+    _tamper(db, "DELETE FROM audit_events WHERE seq = 6")
+    result = _verify(db)
+    assert not result.ok and result.first_bad_seq == 6
+
+
+def test_si4_reordered_records_are_named(lab_rt: warden.Runtime, lab_plant: Plant) -> None:
+    db = _populated(lab_rt, lab_plant)
+    _tamper(
+        db,
+        "UPDATE audit_events SET seq = -1 WHERE seq = 7",
+        "UPDATE audit_events SET seq = 7 WHERE seq = 8",
+        "UPDATE audit_events SET seq = 8 WHERE seq = -1",
+    )
+    result = _verify(db)
+    assert not result.ok and result.first_bad_seq == 7
+
+
+def test_si4_a_rehashed_edit_still_breaks_the_next_link(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    from warden_server.audit.chain import record_hash
+
+    db = _populated(lab_rt, lab_plant)
+    row = next(r for r in lab_plant.rows() if r["seq"] == 4)
+    row["actor_id"] = "someone-else"
+    forged = record_hash(row)
+    _tamper(
+        db, f"UPDATE audit_events SET actor_id = 'someone-else', hash = '{forged}' WHERE seq = 4"
+    )
+    result = _verify(db)
+    assert not result.ok and result.first_bad_seq == 5
+
+
+# -- SI-8 concealment ------------------------------------------------------------
+
+
+def test_si8_unknown_unexposed_and_hidden_are_identical(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    token = lab_plant.token()
+    cases = {
+        "unknown-capability": ("orders.nonexistent", ""),
+        "unexposed-surface": ("orders.mcp_only", "openai"),
+        "hidden-by-policy:lab-hide": ("orders.secret", ""),
+    }
+    faces = {}
+    for reason, (capability, surface) in cases.items():
+        response = begin(lab_plant, capability, {"n": 1}, actor=token, surface=surface)
+        assert response.WhichOneof("outcome") == "failure"
+        faces[reason] = response.failure.SerializeToString(deterministic=True)
+        (row,) = lab_plant.events(invocation_id=response.invocation_id)
+        assert row["reason"] == reason
+        assert row["code"] == "CAPABILITY_NOT_FOUND" and row["stage"] == "discovery"
+    assert len(set(faces.values())) == 1
+    envelopes = [
+        lab_rt.invoke(c, {"n": 1}, actor=token, surface=s or "direct") for c, s in cases.values()
+    ]
+    shapes = {json.dumps(e.error.to_model(), sort_keys=True) for e in envelopes if e.error}
+    assert shapes == {
+        json.dumps(
+            {
+                "code": "CAPABILITY_NOT_FOUND",
+                "message": "Capability not found.",
+                "retryable": False,
+            },
+            sort_keys=True,
+        )
+    }
+    assert {(e.error.stage, e.error.expose_to_model) for e in envelopes if e.error} == {
+        ("discovery", True)
+    }
+
+
+def test_si8_invalid_input_to_a_hidden_capability_reveals_nothing(
+    lab_plant: Plant, lab_rt: warden.Runtime
+) -> None:
+    token = lab_plant.token()
+    hidden = begin(lab_plant, "orders.secret", None, actor=token, raw_input="{not json")
+    unknown = begin(lab_plant, "orders.nothing", None, actor=token, raw_input="{not json")
+    assert hidden.failure.SerializeToString() == unknown.failure.SerializeToString()
+    assert hidden.failure.code == "CAPABILITY_NOT_FOUND"
+
+
+def test_si8_the_admin_sees_what_is_hidden_from_others(
+    lab_plant: Plant, lab_rt: warden.Runtime
+) -> None:
+    env = lab_rt.invoke("orders.secret", {"n": 3}, actor=lab_plant.token(roles=("admin",)))
+    assert env.status == "succeeded"
+
+
+# -- SI-9 two shapes -----------------------------------------------------------
+
+
+def test_si9_every_failure_reaches_the_model_in_one_of_two_deterministic_shapes(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    exposed_keys = {"code", "message", "retryable"}
+    concealed = {"code": "INTERNAL_ERROR", "message": "The operation failed."}
+    calls = [
+        ("orders.missing", {"n": 1}),
+        ("orders.echo", {"n": -1}),
+        ("orders.echo", {"n": 500}),
+        ("orders.echo", {"n": 13}),
+        ("orders.echo", {"n": 42}),
+        ("orders.echo", {"n": 1, "note": "refuse"}),
+        ("orders.echo", {"n": 1, "note": "explode"}),
+        ("orders.echo", {"n": 1, "note": "lie"}),
+        ("orders.admin", {"n": 1}),
+    ]
+    for capability, arguments in calls:
+        first, second = (
+            lab_rt.invoke(capability, arguments, actor=lab_plant.token()) for _ in range(2)
+        )
+        assert first.error is not None and second.error is not None
+        shape = first.error.to_model()
+        if first.error.expose_to_model:
+            assert set(shape) in (exposed_keys, exposed_keys | {"details"})
+        else:
+            assert shape == concealed
+        if first.status != "suspended":  # a suspension's details name its own approval
+            assert json.dumps(shape) == json.dumps(second.error.to_model())
+
+
+# -- SI-10 private stays private -------------------------------------------------
+
+
+def test_si10_causes_and_stacks_never_cross_to_the_model_or_the_service(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    env = lab_rt.invoke("orders.echo", {"n": 1, "note": "explode"}, actor=lab_plant.token())
+    assert env.error is not None and env.error.cause is not None
+    model_face = json.dumps(env.error.to_model())
+    assert "hunter2" not in model_face and "RuntimeError" not in model_face
+    (row,) = lab_plant.events(invocation_id=env.invocation_id, kind="outcome")
+    assert "hunter2" in row["cause_message"] and "Traceback" in row["stack"]
+    assert row["cause_type"] == "builtins.RuntimeError"
+
+
+def test_si10_policy_internals_never_reach_the_calling_service(
+    lab_plant: Plant, lab_rt: warden.Runtime
+) -> None:
+    response = begin(lab_plant, "orders.echo", {"n": 13}, actor=lab_plant.token())
+    assert response.failure.code == "POLICY_FAILED"
+    wire = response.SerializeToString()
+    for private in (b"lab-broken", b"divide", b"zero", b"policy-error"):
+        assert private not in wire
+    (row,) = lab_plant.events(invocation_id=response.invocation_id)
+    assert "lab-broken" in row["reason"] and "divide" in row["rules"]
+
+
+def test_si10_concealment_reasons_never_reach_the_calling_service(
+    lab_plant: Plant, lab_rt: warden.Runtime
+) -> None:
+    response = begin(lab_plant, "orders.secret", {"n": 1}, actor=lab_plant.token())
+    wire = response.SerializeToString()
+    assert b"hidden" not in wire and b"lab-hide" not in wire
