@@ -1,0 +1,26 @@
+"""``warden``: a thin click layer over the plane's library.
+
+Each command group lives in its own module. Domain errors become
+``click.ClickException`` here, at the edge, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import click
+
+from warden_server.cli.audit import audit
+from warden_server.cli.policy import policy
+from warden_server.cli.serve import serve
+from warden_server.cli.token import token
+
+
+@click.group()
+@click.version_option(package_name="warden")
+def main() -> None:
+    """Warden: a policy-as-code governance plane for the operations AI models may call."""
+
+
+for command in (serve, token, policy, audit):
+    main.add_command(command)
+
+__all__ = ["main"]

@@ -1,0 +1,3 @@
+from warden_server.cli import main
+
+main()

@@ -1,0 +1,57 @@
+"""``warden serve``: run the plane until interrupted."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import click
+
+from warden_server.cli.common import CONFIG_OPTION, load
+from warden_server.policy.loader import PolicyLoadError
+
+
+@click.command()
+@CONFIG_OPTION
+@click.option("--listen", help="host:port to serve on (overrides [server] listen).")
+@click.option("--store", help="SQLite store path (overrides [server] store).")
+@click.option("--policies", help="Policy folder (overrides [server] policies).")
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+)
+def serve(
+    config_path: str, listen: str | None, store: str | None, policies: str | None, log_level: str
+) -> None:
+    """Serve the plane until interrupted."""
+    from warden_server.app import serve as start
+    from warden_server.plane import Plane
+
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = load(config_path, listen=listen, store=store, policies=policies)
+    try:
+        plane = Plane.from_config(config)
+    except PolicyLoadError as exc:
+        raise click.ClickException(f"the policy set has problems:\n{exc}") from None
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        server = start(plane, config.server.listen)
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(
+        f"warden serving on {server.target} (store {config.store_path}, "
+        f"policies {config.policies_path})",
+        err=True,
+    )
+
+    def stop(signum: int, _frame: Any) -> None:
+        click.echo(f"received {signal.Signals(signum).name}, stopping", err=True)
+        server.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.wait()
