@@ -44,6 +44,21 @@ class ServerSection(_Section):
     """How long an approval request stays open when its rule gives no ttl."""
     workers: Annotated[int, Field(gt=0)] = 16
     """Threads serving RPCs."""
+    approval_sweep_seconds: Annotated[float, Field(gt=0)] = 15.0
+    """How often the plane marks approvals whose time is up as expired (and tells
+    watchers). Expiry is enforced at every use regardless; this keeps states honest."""
+    max_approval_watchers: Annotated[int, Field(ge=0)] = 4
+    """Open approval watch streams at most. Each holds one of the ``workers``
+    threads, so it must stay below ``workers``."""
+
+    @model_validator(mode="after")
+    def _watchers_leave_workers(self) -> ServerSection:
+        if self.max_approval_watchers >= self.workers:
+            raise ValueError(
+                f"max_approval_watchers ({self.max_approval_watchers}) must be below workers "
+                f"({self.workers}): each watch stream holds a worker thread"
+            )
+        return self
 
 
 class ActorsSection(_Section):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from warden_server.approvals.events import ApprovalHub
 from warden_server.auth.actors import ActorVerifier
 from warden_server.auth.services import ServiceAuthenticator
 from warden_server.config import Config
@@ -47,6 +48,7 @@ class Plane:
     services: ServiceAuthenticator
     grants: GrantSigner
     clock: Callable[[], datetime] = utc_now
+    approval_events: ApprovalHub = field(default_factory=ApprovalHub)
 
     @classmethod
     def from_config(cls, config: Config, *, clock: Callable[[], datetime] = utc_now) -> Plane:
@@ -70,7 +72,9 @@ class Plane:
             services=ServiceAuthenticator.from_config(config),
             grants=grants,
             clock=clock,
+            approval_events=ApprovalHub(max_watchers=config.server.max_approval_watchers),
         )
 
     def close(self) -> None:
+        self.approval_events.close()
         self.store.close()

@@ -10,6 +10,7 @@ from warden_server.auth.actors import Actor
 from warden_server.auth.services import Service
 from warden_server.policy.engine import Decision, PolicySet
 from warden_server.registry import Capability
+from warden_server.store import ApprovalRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,8 @@ class BeginContext:
     visibility: Decision | None = None
     decision: Decision | None = None
     approval_id: str | None = None
+    approval: ApprovalRecord | None = None
+    """The approval the call presented, once it is known to be bound to the call."""
     consume_approval: bool = False
     reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
