@@ -7,6 +7,7 @@ from typing import Any
 
 from warden_server.auth.actors import Actor
 from warden_server.plane import Plane
+from warden_server.policy.variables import decision_variables
 from warden_server.registry import Capability
 
 
@@ -17,12 +18,13 @@ def visible(
         return False
     policies = plane.policies.current()
     activation = policies.activation(
-        {
-            "actor": actor.to_cel(),
-            "capability": capability.to_cel(),
-            "context": {**context, "surface": surface},
-            "now": plane.clock(),
-        }
+        decision_variables(
+            actor=actor.to_cel(),
+            capability=capability.to_cel(),
+            context=context,
+            surface=surface,
+            now=plane.clock(),
+        )
     )
     return policies.visibility(capability.id, activation).effect != "hide"
 
