@@ -10,9 +10,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from warden.v1 import governor_pb2, governor_pb2_grpc, registry_pb2, registry_pb2_grpc
+from warden.v1 import (
+    governor_pb2,
+    governor_pb2_grpc,
+    policy_pb2,
+    policy_pb2_grpc,
+    registry_pb2,
+    registry_pb2_grpc,
+)
 from warden_server.plane import Plane
 from warden_server.services.governor import GovernorServicer
+from warden_server.services.policies import PoliciesServicer
 from warden_server.services.registry import RegistryServicer
 
 log = logging.getLogger(__name__)
@@ -20,6 +28,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = (
     governor_pb2.DESCRIPTOR.services_by_name["Governor"].full_name,
     registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
+    policy_pb2.DESCRIPTOR.services_by_name["Policies"].full_name,
 )
 
 
@@ -73,6 +82,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     )
     governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), server)
     registry_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(plane), server)
+    policy_pb2_grpc.add_PoliciesServicer_to_server(PoliciesServicer(plane), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -83,6 +93,8 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         plane.close()
         raise OSError(f"cannot listen on {listen}")
     server.start()
+    if plane.config.server.watch_policies:
+        plane.reloader.start()
     for name in (*SERVICE_NAMES, ""):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info(

@@ -10,10 +10,12 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from warden.shared.canonical import compact_json
-from warden.v1 import errors_pb2, governor_pb2, registry_pb2
+from warden.v1 import errors_pb2, governor_pb2, policy_pb2, registry_pb2
 from warden_server.auth.actors import Actor
 from warden_server.errors import InvalidRequest
 from warden_server.pipeline.failure import Failure
+from warden_server.plane import PolicyStatus
+from warden_server.policy.loader import Problem
 from warden_server.registry import (
     SURFACES,
     Capability,
@@ -137,3 +139,36 @@ def details_of(text: str) -> dict[str, Any] | None:
         return None
     value = context_of(text, "failure.details_json")
     return value
+
+
+def policy_status_to_proto(
+    status: PolicyStatus, directory: str, watching: bool
+) -> policy_pb2.PolicyStatus:
+    current = status.current
+    message = policy_pb2.PolicyStatus(
+        current=policy_pb2.PolicyRevision(
+            revision=current.revision, files=list(current.files), at=timestamp(status.loaded_at)
+        ),
+        rules=len(current.rules),
+        directory=directory,
+        watching=watching,
+    )
+    rejected = status.rejected
+    if rejected is not None:
+        message.rejected.CopyFrom(
+            policy_pb2.PolicyRevision(
+                revision=rejected.revision, files=list(rejected.files), at=timestamp(rejected.at)
+            )
+        )
+        message.problems.extend(problem_to_proto(p) for p in rejected.problems)
+    return message
+
+
+def problem_to_proto(problem: Problem) -> policy_pb2.PolicyProblem:
+    return policy_pb2.PolicyProblem(
+        file=problem.file,
+        line=problem.line,
+        column=problem.column,
+        path=problem.path,
+        message=problem.message,
+    )
