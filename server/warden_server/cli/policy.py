@@ -15,7 +15,7 @@ from warden.v1 import policy_pb2, policy_pb2_grpc
 from warden_server.policy.engine import PolicySet
 from warden_server.policy.inputs import InputSchema, schemas_from_snapshot
 from warden_server.policy.loader import PolicyLoadError, Problem, load_policies
-from warden_server.policy.model import PolicyFile, PolicyTestFile
+from warden_server.policy.model import json_schema
 from warden_server.policy.testing import load_test_cases, run_policy_tests
 
 R = TypeVar("R")
@@ -226,19 +226,7 @@ def policy_capabilities(store: Path | None, target: str | None, token: str | Non
 def policy_schema(for_tests: bool) -> None:
     """Print the JSON Schema of policy files (or test files), for editors:
     `# yaml-language-server: $schema=PATH` at the top of a file uses it."""
-    click.echo(json.dumps(json_schema(tests=for_tests), indent=2) + "")
-
-
-def json_schema(*, tests: bool = False) -> dict[str, Any]:
-    """The JSON Schema of policy files or policy test files, from the models."""
-    model = PolicyTestFile if tests else PolicyFile
-    schema = model.model_json_schema()
-    what = "policy test file" if tests else "policy file"
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": f"Warden {what}",
-        **schema,
-    }
+    click.echo(json.dumps(json_schema(tests=for_tests), indent=2))
 
 
 def _capabilities(

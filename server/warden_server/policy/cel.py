@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import celpy
 import lark
+import lark.exceptions
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
@@ -134,9 +135,8 @@ class CelPythonEvaluator:
         try:
             tree = self._env.compile(expression)
         except CELParseError as exc:
-            first = str(exc.args[0]).splitlines()[0] if exc.args else "syntax error"
             raise CompileError(
-                f"CEL syntax error: {first}".rstrip(),
+                f"CEL syntax error: {_syntax_problem(exc)}",
                 line=getattr(exc, "line", None) or 1,
                 column=getattr(exc, "column", None) or 1,
             ) from None
@@ -157,6 +157,20 @@ class CelPythonEvaluator:
             else:
                 converted[name] = json_to_cel(value)
         return _CelActivation(converted)
+
+
+def _syntax_problem(error: CELParseError) -> str:
+    """What the parser tripped on; cel-python itself only says where."""
+    cause = error.__cause__ or error.__context__
+    if isinstance(cause, lark.exceptions.UnexpectedCharacters):
+        return f"unexpected character {cause.char!r}"
+    if isinstance(cause, lark.exceptions.UnexpectedToken):
+        if cause.token.type == "$END":
+            return "the expression ends too soon"
+        return f"unexpected {str(cause.token)!r}"
+    if isinstance(cause, lark.exceptions.UnexpectedEOF):
+        return "the expression ends too soon"
+    return "cannot parse here"
 
 
 def _eval_message(error: CELEvalError) -> str:

@@ -138,13 +138,13 @@ def compile_policies(
     evaluator = evaluator or CelPythonEvaluator()
     problems: list[Problem] = []
     rules: list[CompiledRule] = []
-    ids: list[tuple[str, str, yamlpos.Position]] = []
+    ids: list[tuple[str, str, str, yamlpos.Position]] = []
     for name, raw in source.files:
         checker = _FileChecker(str(source.directory / name), evaluator, capabilities, problems)
         rules.extend(checker.check(raw))
         ids.extend(checker.ids)
     first_seen: dict[str, tuple[str, yamlpos.Position]] = {}
-    for rule_id, file, position in ids:
+    for rule_id, file, path, position in ids:
         if rule_id in first_seen:
             other_file, other = first_seen[rule_id]
             problems.append(
@@ -152,7 +152,7 @@ def compile_policies(
                     file,
                     position.line,
                     position.column,
-                    "",
+                    path,
                     f"duplicate rule id {rule_id!r} (first defined at "
                     f"{other_file}:{other.line}:{other.column})",
                 )
@@ -227,7 +227,8 @@ class _FileChecker:
         self.evaluator = evaluator
         self.capabilities = capabilities
         self.problems = problems
-        self.ids: list[tuple[str, str, yamlpos.Position]] = []
+        self.ids: list[tuple[str, str, str, yamlpos.Position]] = []
+        """(rule id, file, path, position) of every rule that parsed."""
         self.document = yamlpos.Document(data=None)
 
     def problem(self, path: yamlpos.Path, message: str, at: yamlpos.Position | None = None) -> None:
@@ -282,7 +283,8 @@ class _FileChecker:
     def _rule(self, index: int, rule: Rule) -> CompiledRule | None:
         base: yamlpos.Path = ("rules", index)
         before = len(self.problems)
-        self.ids.append((rule.id, self.file, self.document.position((*base, "id"))))
+        id_path: yamlpos.Path = (*base, "id")
+        self.ids.append((rule.id, self.file, dotted(id_path), self.document.position(id_path)))
         schemas = [
             s
             for s in self.capabilities

@@ -11,7 +11,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from warden_server.policy.globs import can_match_an_id
 
@@ -46,6 +46,15 @@ def parse_timestamp(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+def _glob_can_match(glob: str) -> str:
+    if not can_match_an_id(glob):
+        raise ValueError(
+            f"glob {glob!r} matches no valid capability id "
+            "(ids are lowercase namespace.name, e.g. orders.refund)"
+        )
+    return glob
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -63,12 +72,18 @@ class Rule(_Strict):
     id: Annotated[str, Field(max_length=128, json_schema_extra={"pattern": RULE_ID})]
     """Unique across the policy set; decisions and audit records name it."""
     capabilities: Annotated[
-        list[Annotated[str, Field(json_schema_extra={"pattern": GLOB})]], Field(min_length=1)
+        list[
+            Annotated[
+                str, AfterValidator(_glob_can_match), Field(json_schema_extra={"pattern": GLOB})
+            ]
+        ],
+        Field(min_length=1),
     ]
     """Glob patterns over capability ids, e.g. ``orders.*``."""
     effect: Effect
     """allow, deny, require_approval or hide."""
-    when: str = "true"
+    # A bare `when: true` is YAML's boolean; the model reads it as the CEL literal.
+    when: Annotated[str, Field(json_schema_extra={"type": ["string", "boolean"]})] = "true"
     """A CEL condition over actor, capability, input, context and now."""
     message: str | None = None
     """The public message, written as an instruction to the model."""
@@ -91,17 +106,6 @@ class Rule(_Strict):
                 "a rule id is lowercase letters, digits, '.', '_' and '-', "
                 "starting with a letter or digit"
             )
-        return value
-
-    @field_validator("capabilities")
-    @classmethod
-    def _globs_can_match(cls, value: list[str]) -> list[str]:
-        for glob in value:
-            if not can_match_an_id(glob):
-                raise ValueError(
-                    f"glob {glob!r} matches no valid capability id "
-                    "(ids are lowercase namespace.name, e.g. orders.refund)"
-                )
         return value
 
     @field_validator("when", "message_expr", "approvers", mode="before")
@@ -190,3 +194,14 @@ class PolicyTestFile(_Strict):
     """A policy test file (``policies/tests/*.yaml``)."""
 
     tests: list[PolicyTest]
+
+
+def json_schema(*, tests: bool = False) -> dict[str, Any]:
+    """The JSON Schema of policy files (or policy test files), for editors."""
+    model = PolicyTestFile if tests else PolicyFile
+    what = "policy test file" if tests else "policy file"
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **model.model_json_schema(),
+        "title": f"Warden {what}",
+    }

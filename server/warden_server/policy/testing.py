@@ -1,7 +1,8 @@
 """The policy test runner: the SPEC §6 test files, with rule coverage.
 
-A rule counts as exercised when at least one test case makes it match,
-whether it is enforced or in audit mode.
+A rule counts as exercised when at least one test case makes it match (or
+makes it fail, which a case can expect as ``error``), whether it is enforced
+or in audit mode.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class TestReport:
 
     @property
     def coverage(self) -> float:
-        """The share of rules some case made match (1.0 for a folder without rules)."""
+        """The share of rules some case made match or fail (1.0 without rules)."""
         return 1.0 if not self.rules else len(set(self.rules) & self.exercised) / len(self.rules)
 
     @property
@@ -115,13 +116,7 @@ def load_test_cases(
             at = getattr(exc, "position", yamlpos.Position(1, 1))
             problems.append(Problem(name, at.line, at.column, "", str(exc)))
             continue
-        try:
-            parsed = PolicyTestFile.model_validate(document.data or {})
-        except ValidationError as exc:
-            problems.extend(validation_problems(name, document, exc))
-            continue
-        for index, case in enumerate(parsed.tests):
-            where: yamlpos.Path = ("tests", index)
+        for where, case in _valid_cases(name, document, problems):
             rule = case.expect.rule
             if rule_ids is not None and rule is not None and rule not in rule_ids:
                 at = document.position((*where, "expect", "rule"))
@@ -136,6 +131,27 @@ def load_test_cases(
                 )
             cases.append(LoadedCase(name, where, document.position(where), case))
     return cases, problems
+
+
+def _valid_cases(
+    file: str, document: yamlpos.Document, problems: list[Problem]
+) -> list[tuple[yamlpos.Path, PolicyTest]]:
+    """The cases that validate, each with its place; problems for the others."""
+    data = document.data if document.data is not None else {}
+    try:
+        parsed = PolicyTestFile.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(validation_problems(file, document, exc))
+        raw_cases = data.get("tests") if isinstance(data, dict) else None
+        if not isinstance(raw_cases, list):
+            return []
+        broken = {e["loc"][1] for e in exc.errors() if e["loc"][:1] == ("tests",)}
+        return [
+            (("tests", i), PolicyTest.model_validate(raw))
+            for i, raw in enumerate(raw_cases)
+            if i not in broken
+        ]
+    return [(("tests", i), case) for i, case in enumerate(parsed.tests)]
 
 
 def run_policy_tests(
@@ -197,7 +213,7 @@ def _run_case(
     final = decision or hidden
     for d in (hidden, decision):
         if d is not None:
-            exercised.update(r.rule_id for r in d.results if r.matched)
+            exercised.update(r.rule_id for r in d.results if r.matched or r.error)
     actual: dict[str, Any] = {
         "effect": final.effect,
         "rule": final.rule_id,
