@@ -7,9 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import warden
-from tests.conftest import Plant
+from tests.conftest import Plant, make_config
 from tests.integration.lab import Lab, build_lab
+from warden_server.plane import Plane
+from warden_server.policy.loader import PolicyLoadError
+from warden_server.store import SQLiteStore
 
 RULES = """
 rules:
@@ -100,3 +105,20 @@ def test_the_plane_records_the_set_it_started_with(plant: Plant) -> None:
     assert (row["status"], row["reason"]) == ("loaded", "startup")
     assert row["policy_revision"] == plant.server.plane.policies.current().revision
     assert json.loads(row["details"])["files"] == ["orders.yaml"]
+
+
+def test_a_plane_refuses_to_start_on_a_broken_set_and_records_why(tmp_path: Path) -> None:
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text("rules:\n  - id: x\n    capabilities: [orders.get]\n")
+    config = make_config(tmp_path, folder)
+    with pytest.raises(PolicyLoadError) as raised:
+        Plane.from_config(config)
+    assert str(raised.value) == f"{folder}/rules.yaml:2:5: rules[0].effect: missing required key"
+    store = SQLiteStore(config.store_path)
+    try:
+        (row,) = store.audit_rows()
+    finally:
+        store.close()
+    assert (row["kind"], row["status"], row["reason"]) == ("policy", "rejected", "startup")
+    assert row["cause_message"] == str(raised.value)

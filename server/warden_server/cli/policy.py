@@ -12,13 +12,18 @@ import click
 import grpc
 
 from warden.v1 import policy_pb2, policy_pb2_grpc
+from warden_server.errors import InvalidRequest
 from warden_server.policy.engine import PolicySet
 from warden_server.policy.inputs import InputSchema, schemas_from_snapshot
 from warden_server.policy.loader import PolicyLoadError, Problem, load_policies
 from warden_server.policy.model import json_schema
 from warden_server.policy.testing import load_test_cases, run_policy_tests
+from warden_server.registry import CapabilityDefinition, Registry
+from warden_server.services import convert
+from warden_server.store import SQLiteStore
 
 R = TypeVar("R")
+RPC_TIMEOUT = 10.0
 
 DIRECTORY = click.argument(
     "directory", type=click.Path(file_okay=False, path_type=Path), default="policies"
@@ -162,7 +167,9 @@ def policy_status(target: str, token: str | None, as_json: bool) -> None:
     change; exit 1 while a refused change is pending."""
     status = _remote(
         target,
-        lambda stub: stub.GetStatus(policy_pb2.PolicyStatusRequest(actor_token=token or "")),
+        lambda stub: stub.GetStatus(
+            policy_pb2.PolicyStatusRequest(actor_token=token or ""), timeout=RPC_TIMEOUT
+        ),
     )
     data = _status_json(status)
     if as_json:
@@ -202,23 +209,11 @@ def policy_capabilities(store: Path | None, target: str | None, token: str | Non
     the latest version of every registered capability."""
     if (store is None) == (target is None):
         raise click.UsageError("give exactly one of --store or --target")
-    if store is not None:
-        definitions = [
-            {**c.definition.to_json(), "service": c.service} for c in _store_capabilities(store)
-        ]
-    else:
-        assert target is not None
-        response = _remote(target, lambda stub: _list_capabilities(stub, token))
-        definitions = [
-            {
-                "id": c.definition.id,
-                "version": c.definition.version,
-                "service": c.service,
-                "input_schema": json.loads(c.definition.input_schema_json or "{}"),
-            }
-            for c in response.capabilities
-        ]
-    click.echo(json.dumps({"capabilities": definitions}, indent=2, sort_keys=True))
+    snapshot = [
+        {**definition.to_json(), "service": service}
+        for definition, service in _registered(store, target, token)
+    ]
+    click.echo(json.dumps({"capabilities": snapshot}, indent=2, sort_keys=True))
 
 
 @policy.command("schema")
@@ -241,35 +236,44 @@ def _capabilities(
             return schemas_from_snapshot(json.loads(snapshot.read_text(encoding="utf-8")))
         except (ValueError, OSError) as exc:
             raise click.ClickException(f"{snapshot}: {exc}") from None
+    if store is None and target is None:
+        return None
+    return [
+        InputSchema(definition.id, definition.input_schema)
+        for definition, _ in _registered(store, target, token)
+    ]
+
+
+def _registered(
+    store: Path | None, target: str | None, token: str | None
+) -> list[tuple[CapabilityDefinition, str]]:
+    """The latest version of every registered capability, with its service,
+    read from a store file or asked of a running plane."""
     if store is not None:
-        return [InputSchema(c.id, c.definition.input_schema) for c in _store_capabilities(store)]
-    if target is not None:
-        response = _remote(target, lambda stub: _list_capabilities(stub, token))
-        return [
-            InputSchema(c.definition.id, json.loads(c.definition.input_schema_json or "{}"))
-            for c in response.capabilities
-        ]
-    return None
-
-
-def _store_capabilities(path: Path) -> list[Any]:
-    from warden_server.registry import Registry
-    from warden_server.store import SQLiteStore
-
-    if not path.exists():
-        raise click.ClickException(f"{path}: no such store")
-    store = SQLiteStore(path)
+        if not store.exists():
+            raise click.ClickException(f"{store}: no such store")
+        opened = SQLiteStore(store)
+        try:
+            return [(c.definition, c.service) for c in Registry(opened).latest()]
+        finally:
+            opened.close()
+    assert target is not None
+    response = _remote(target, lambda stub: _list_capabilities(stub, token))
     try:
-        return Registry(store).latest()
-    finally:
-        store.close()
+        return [
+            (convert.definition_from_proto(c.definition), c.service) for c in response.capabilities
+        ]
+    except InvalidRequest as exc:
+        raise click.ClickException(f"{target}: {exc}") from None
 
 
 def _list_capabilities(
     stub: policy_pb2_grpc.PoliciesStub, token: str | None
 ) -> policy_pb2.PolicyCapabilitiesResponse:
     request = policy_pb2.PolicyCapabilitiesRequest(actor_token=token or "")
-    response: policy_pb2.PolicyCapabilitiesResponse = stub.ListCapabilities(request)
+    response: policy_pb2.PolicyCapabilitiesResponse = stub.ListCapabilities(
+        request, timeout=RPC_TIMEOUT
+    )
     return response
 
 
