@@ -282,3 +282,15 @@ def test_handler_context_carries_the_verified_actor(lab_plant: Plant) -> None:
     assert ctx.actor.roles == ("support", "auditor")
     assert ctx.actor.attrs["desk"] == "emea"
     assert ctx.invocation_id == env.invocation_id
+
+
+def test_integers_beyond_the_interoperable_range_are_invalid_input(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    env = lab_rt.invoke("orders.echo", {"n": 2**60}, actor=lab_plant.token())
+    assert env.error is not None and env.error.code == "INPUT_INVALID"
+    assert env.error.details == {
+        "issues": [{"path": "/n", "message": "must be an integer within ±9007199254740991"}]
+    }
+    (row,) = lab_plant.events(invocation_id=env.invocation_id)
+    assert row["status"] == "failed" and row["reason"] == "schema-violation"
