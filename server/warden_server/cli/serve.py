@@ -22,6 +22,7 @@ from warden_server.policy.loader import PolicyLoadError
     "--log-level",
     default="INFO",
     show_default=True,
+    help="The lowest level of log message printed.",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
 )
 def serve(

@@ -6,10 +6,9 @@ what is wrong, never the value.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
-from warden.shared.canonical import digest
+from warden.shared.canonical import NotCanonicalizable, canonical_value, digest, strict_loads
 from warden.shared.schema import validation_issues
 from warden_server.pipeline.context import BeginContext
 from warden_server.pipeline.failure import Failure, fail
@@ -26,7 +25,7 @@ def validate(plane: Plane, ctx: BeginContext) -> Failure | None:
         issue = {"path": "", "message": f"must be at most {limit} bytes of JSON"}
         return fail("INPUT_INVALID", "input-too-large", details={"issues": [issue]})
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = strict_loads(text)
     except (ValueError, RecursionError):
         issue = {"path": "", "message": "must be a JSON document"}
         return fail("INPUT_INVALID", "input-not-json", stage="adapter", details={"issues": [issue]})
@@ -39,15 +38,17 @@ def validate(plane: Plane, ctx: BeginContext) -> Failure | None:
     ]
     if issues:
         return fail("INPUT_INVALID", "schema-violation", details={"issues": issues})
-    ctx.input_digest = digest(value)
+    try:
+        ctx.input = canonical_value(value)
+    except NotCanonicalizable:
+        ctx.input = None  # nothing without a canonical form is stored or digested
+        issue = {"path": "", "message": "must contain only valid Unicode text"}
+        return fail("INPUT_INVALID", "not-canonicalizable", details={"issues": [issue]})
+    ctx.input_digest = digest(ctx.input)
     return None
 
 
 MAX_SAFE_INTEGER = 2**53 - 1
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _unsafe_integers(value: object, path: str) -> list[str]:

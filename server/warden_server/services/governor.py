@@ -35,7 +35,7 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
             service = calling_service(plane, context)
             service_name = service.name
             decoded = _decode_begin(request, service)
-            if plane.store.get_invocation(decoded.invocation_id) is not None:
+            if plane.store.invocation_decided(decoded.invocation_id):
                 raise InvalidRequest(f"invocation_id {decoded.invocation_id} was already used")
         except (ServiceAuthenticationError, InvalidRequest) as exc:
             reject(
