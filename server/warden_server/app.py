@@ -78,6 +78,8 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            # Two planes must never share a port: the second one fails to start.
+            ("grpc.so_reuseport", 0),
         ],
     )
     governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), server)
@@ -88,10 +90,16 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(listen)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        port = 0
+        reason = str(exc)
+    else:
+        reason = "the address is in use or not available"
     if port == 0:
         plane.close()
-        raise OSError(f"cannot listen on {listen}")
+        raise OSError(f"cannot listen on {listen}: {reason}")
     server.start()
     if plane.config.server.watch_policies:
         plane.reloader.start()

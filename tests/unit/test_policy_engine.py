@@ -1,169 +1,292 @@
-"""The engine's index, the glob checker, and one activation per decision."""
+"""Decisions of a compiled policy set: effects, precedence, defaults, audit
+mode, runtime errors, messages and glob matching."""
 
 from __future__ import annotations
 
-import fnmatch
-import re
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from hypothesis import given
-from hypothesis import strategies as st
-from jsonschema import Draft202012Validator
-
-from warden_server.auth.actors import Actor
-from warden_server.auth.services import Service
-from warden_server.pipeline.context import BeginContext, BeginRequest
-from warden_server.pipeline.policy import policy
-from warden_server.pipeline.visibility import visibility
-from warden_server.policy.cel import Activation, CelPythonEvaluator
-from warden_server.policy.globs import CAPABILITY_ID, GlobIndex, can_match_an_id
+from warden_server.policy.engine import Decision, PolicySet
 from warden_server.policy.loader import load_policies
-from warden_server.registry import Capability, CapabilityDefinition
-
-SEGMENT = st.from_regex(r"[a-z][a-z0-9_]{0,5}", fullmatch=True)
-IDS = st.lists(SEGMENT, min_size=2, max_size=4).map(".".join)
-GLOB_CHARS = st.sampled_from(list("ab.*?_0"))
-GLOBS = st.lists(GLOB_CHARS, min_size=1, max_size=8).map("".join)
 
 
-@given(IDS, st.data())
-def test_a_glob_made_from_a_valid_id_can_match_one(capability_id: str, data: st.DataObject) -> None:
-    chars = list(capability_id)
-    for i in data.draw(st.sets(st.integers(0, len(chars) - 1))):
-        chars[i] = data.draw(st.sampled_from(["*", "?"]))
-    assert can_match_an_id("".join(chars))
+def policies(
+    tmp_path: Path, text: str, default_effect: Literal["allow", "deny"] = "deny"
+) -> PolicySet:
+    """Load one policy file's YAML from a fresh folder."""
+    folder = tmp_path / "policies"
+    folder.mkdir(exist_ok=True)
+    (folder / "rules.yaml").write_text(text, encoding="utf-8")
+    return load_policies(folder, default_effect=default_effect)
 
 
-def _short_ids() -> list[str]:
-    """Every valid id of at most six characters over a tiny alphabet."""
-    found, layer = [], [""]
-    for _ in range(6):
-        layer = [c + x for c in layer for x in "ab0_."]
-        found += [c for c in layer if CAPABILITY_ID.match(c)]
-    return found
+def variables(
+    capability: str = "orders.refund",
+    roles: tuple[str, ...] = ("support",),
+    **input: Any,
+) -> dict[str, Any]:
+    return {
+        "actor": {"id": "bot-7", "roles": list(roles), "tenant": "acme", "attrs": {}},
+        "capability": {
+            "id": capability,
+            "version": "1",
+            "service": "orders",
+            "side_effect": "write",
+            "tags": [],
+        },
+        "input": input,
+        "context": {"surface": "direct"},
+        "now": datetime(2025, 1, 1, tzinfo=UTC),
+    }
 
 
-SHORT_IDS = _short_ids()
+def decide(ps: PolicySet, capability: str = "orders.refund", **kw: Any) -> Decision:
+    return ps.decide(capability, ps.activation(variables(capability, **kw)))
 
 
-@given(st.lists(GLOB_CHARS, min_size=1, max_size=6).map("".join))
-def test_can_match_an_id_agrees_with_brute_force(glob: str) -> None:
-    """Without a star a glob matches only ids of its own length, all of which
-    are tried; with one, a short match proves the answer must be yes."""
-    short_match = any(fnmatch.fnmatchcase(c, glob) for c in SHORT_IDS)
-    if "*" not in glob:
-        assert can_match_an_id(glob) == short_match
-    elif short_match:
-        assert can_match_an_id(glob)
+def final(ps: PolicySet, capability: str = "orders.refund", **kw: Any) -> Decision:
+    """The whole flow: visibility first (without input), then the decision."""
+    seen = variables(capability, **kw)
+    del seen["input"]
+    hidden = ps.visibility(capability, ps.activation(seen))
+    return hidden if hidden.effect == "hide" else decide(ps, capability, **kw)
 
 
-def test_globs_that_match_no_id() -> None:
-    for glob in ("Orders.get", "orders", "orders..get", ".orders", "9x.y", "orders.get.", "x.9"):
-        assert not can_match_an_id(glob), glob
-    for glob in ("*", "orders.*", "*.get", "o?ders.get", "a.b.c", "*.*.*"):
-        assert can_match_an_id(glob), glob
-
-
-@given(st.lists(st.lists(GLOBS, min_size=1, max_size=3), max_size=12), IDS)
-def test_the_index_answers_like_a_scan_of_every_glob(globs: list[list[str]], cid: str) -> None:
-    index = GlobIndex(globs)
-    expected = tuple(
-        i for i, item in enumerate(globs) if any(fnmatch.fnmatchcase(cid, g) for g in item)
+def rule(rule_id: str, effect: str, when: str = "true", extra: str = "") -> str:
+    text = (
+        f"  - id: {rule_id}\n"
+        '    capabilities: ["orders.*"]\n'
+        f"    effect: {effect}\n"
+        f"    when: '{when}'\n"
     )
-    assert index.positions(cid) == expected
-    assert index.positions(cid) == expected  # memoized answer is the same
+    return text + extra
 
 
-def test_a_decision_evaluates_only_the_rules_for_its_capability(tmp_path: Path) -> None:
-    lines = ["rules:"]
-    for n in range(50):
-        lines += [f"  - id: rule-{n}", f'    capabilities: ["ns{n}.*"]', "    effect: allow"]
-    lines += [
-        "  - id: everywhere",
-        '    capabilities: ["*"]',
-        "    effect: deny",
-        "    when: false",
-    ]
-    (tmp_path / "rules.yaml").write_text("\n".join(lines) + "\n")
-    policies = load_policies(tmp_path)
-    activation = policies.activation({"actor": {}, "capability": {}, "context": {}, "input": {}})
-    decision = policies.decide("ns7.op", activation)
-    assert [r.rule_id for r in decision.results] == ["rule-7", "everywhere"]
-    assert (decision.effect, decision.rule_id) == ("allow", "rule-7")
+# -- each effect --------------------------------------------------------------
 
 
-class CountingEvaluator(CelPythonEvaluator):
-    """The reference evaluator, counting how often each variable is converted."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.converted: dict[str, int] = {}
-
-    def activation(
-        self, variables: Mapping[str, Any], base: Activation | None = None
-    ) -> Activation:
-        for name in variables:
-            self.converted[name] = self.converted.get(name, 0) + 1
-        return super().activation(variables, base)
+def test_allow(tmp_path: Path) -> None:
+    ps = policies(tmp_path, "rules:\n" + rule("a", "allow"))
+    d = decide(ps)
+    assert (d.effect, d.rule_id) == ("allow", "a")
 
 
-def test_the_activation_is_built_once_per_decision(tmp_path: Path) -> None:
-    (tmp_path / "rules.yaml").write_text(
+def test_deny_with_its_message(tmp_path: Path) -> None:
+    ps = policies(tmp_path, "rules:\n" + rule("d", "deny", extra="    message: Do not refund.\n"))
+    d = decide(ps)
+    assert (d.effect, d.rule_id, d.message) == ("deny", "d", "Do not refund.")
+
+
+def test_require_approval_uses_input(tmp_path: Path) -> None:
+    ps = policies(
+        tmp_path,
+        "rules:\n" + rule("big", "require_approval", "input.amount > 500") + rule("ok", "allow"),
+    )
+    assert decide(ps, amount=730).effect == "require_approval"
+    assert decide(ps, amount=730).rule_id == "big"
+    assert decide(ps, amount=20).effect == "allow"
+
+
+def test_hide_is_decided_by_visibility_not_decide(tmp_path: Path) -> None:
+    """Hide rules run in the visibility step; decide() ignores them."""
+    ps = policies(
+        tmp_path, "rules:\n" + rule("h", "hide", '!("admin" in actor.roles)') + rule("a", "allow")
+    )
+    activation = ps.activation({k: v for k, v in variables().items() if k != "input"})
+    hidden = ps.visibility("orders.refund", activation)
+    assert (hidden.effect, hidden.rule_id) == ("hide", "h")
+    assert decide(ps).effect == "allow"
+    admin = ps.activation({**variables(roles=("admin",)), "input": {}})
+    assert ps.visibility("orders.refund", admin).effect == "allow"
+
+
+# -- precedence ---------------------------------------------------------------
+
+ALL_FOUR = ("allow", "require_approval", "deny", "hide")
+
+
+def test_precedence_hide_deny_require_approval_allow(tmp_path: Path) -> None:
+    """With several matching rules the strongest wins, whatever the file order."""
+    for strongest in range(len(ALL_FOUR)):
+        present = ALL_FOUR[: strongest + 1]
+        folder = tmp_path / f"case{strongest}"
+        folder.mkdir()
+        # Weakest effect last in the file so that file order cannot explain the result.
+        text = "rules:\n" + "".join(rule(f"r-{e}", e) for e in reversed(present))
+        d = final(policies(folder, text))
+        assert (d.effect, d.rule_id) == (present[-1], f"r-{present[-1]}")
+
+
+def test_first_matching_rule_of_an_effect_decides(tmp_path: Path) -> None:
+    ps = policies(
+        tmp_path,
         "rules:\n"
-        + "".join(
-            f'  - id: r{n}\n    capabilities: ["orders.*"]\n    effect: allow\n'
-            f'    when: actor.id != "x{n}" && input.n >= 0 && context.surface == "direct"\n'
-            for n in range(5)
-        )
-        + '  - id: h\n    capabilities: ["orders.*"]\n    effect: hide\n    when: now < now\n'
+        + rule("first", "deny", extra="    message: first\n")
+        + rule("second", "deny", extra="    message: second\n"),
     )
-    evaluator = CountingEvaluator()
-    policies = load_policies(tmp_path, evaluator=evaluator)
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
-    capability = Capability(
-        definition=CapabilityDefinition(
-            id="orders.echo", input_schema=schema, output_schema={}, side_effect="read"
-        ),
-        service="orders",
-        digest="d",
-        registered_at="2026-01-01T00:00:00Z",
-        input_validator=Draft202012Validator(schema),
-        output_validator=Draft202012Validator({}),
-    )
-    request = BeginRequest(
-        service=Service("orders", ("orders",)),
-        invocation_id="i",
-        capability_id="orders.echo",
-        capability_version="",
-        actor_token="",
-        input_json="{}",
-        surface="direct",
-        context={},
-        approval_id="",
-        idempotency_key="",
-    )
-    ctx = BeginContext(request=request, policies=policies, now=datetime.now(UTC))
-    ctx.capability, ctx.actor, ctx.input = capability, Actor("a", (), "t", {}), {"n": 1}
-    assert visibility(None, ctx) is None  # type: ignore[arg-type]
-    assert policy(None, ctx) is None  # type: ignore[arg-type]
-    assert ctx.decision is not None and ctx.decision.effect == "allow"
-    assert len(ctx.decision.results) == 5
-    assert evaluator.converted == {"actor": 1, "capability": 1, "context": 1, "now": 1, "input": 1}
+    d = decide(ps)
+    assert (d.rule_id, d.message) == ("first", "first")
 
 
-def test_cel_syntax_errors_say_what_went_wrong() -> None:
-    evaluator = CelPythonEvaluator()
-    for text, pattern in [
-        ("input.amount >", "ends too soon"),
-        ("a &&& b", "unexpected character '&'"),
-        ("(a))", r"unexpected '\)'"),
-    ]:
-        try:
-            evaluator.compile(text)
-        except Exception as exc:
-            assert re.search(pattern, str(exc)), (text, str(exc))
-        else:
-            raise AssertionError(f"{text!r} compiled")
+# -- defaults -----------------------------------------------------------------
+
+
+def test_default_deny_when_no_rule_matches(tmp_path: Path) -> None:
+    ps = policies(tmp_path, "rules:\n" + rule("never", "allow", "false"))
+    d = decide(ps)
+    assert (d.effect, d.rule, d.message) == ("deny", None, None)
+    assert [(r.rule_id, r.matched) for r in d.results] == [("never", False)]
+
+
+def test_default_allow_when_configured(tmp_path: Path) -> None:
+    ps = policies(tmp_path, "rules:\n" + rule("never", "deny", "false"), default_effect="allow")
+    d = decide(ps)
+    assert (d.effect, d.rule) == ("allow", None)
+
+
+def test_no_rules_for_the_capability_gives_the_default(tmp_path: Path) -> None:
+    ps = policies(tmp_path, "rules:\n" + rule("a", "allow"))
+    assert decide(ps, "billing.charge").effect == "deny"
+    assert decide(ps, "billing.charge").results == ()
+
+
+# -- errors and audit mode ----------------------------------------------------
+
+
+def test_runtime_error_in_an_enforced_rule_fails_closed(tmp_path: Path) -> None:
+    """A missing field is a CEL runtime error: the decision is ``error``, even
+    though an allow rule matched."""
+    ps = policies(
+        tmp_path, "rules:\n" + rule("a", "allow") + rule("big", "deny", "input.amount > 500")
+    )
+    d = decide(ps)  # no "amount" in the input
+    assert d.effect == "error"
+    assert d.rule is None
+    [failed] = [r for r in d.results if r.rule_id == "big"]
+    assert failed.error and not failed.matched
+    assert "error" in failed.to_json()
+
+
+def test_non_bool_when_is_an_error(tmp_path: Path) -> None:
+    ps = policies(tmp_path, "rules:\n" + rule("a", "allow") + rule("num", "deny", "1 + 1"))
+    d = decide(ps)
+    assert d.effect == "error"
+    [bad] = [r for r in d.results if r.rule_id == "num"]
+    assert bad.error == "'when' must be a bool, got int"
+
+
+def test_erroring_hide_rule_conceals(tmp_path: Path) -> None:
+    """Revealing existence is a disclosure: a broken enforced hide rule hides."""
+    ps = policies(
+        tmp_path, "rules:\n" + rule("h", "hide", "actor.attrs.missing") + rule("a", "allow")
+    )
+    seen = {k: v for k, v in variables().items() if k != "input"}
+    assert ps.visibility("orders.refund", ps.activation(seen)).effect == "hide"
+
+
+def test_erroring_audit_rule_does_not_fail_the_decision(tmp_path: Path) -> None:
+    ps = policies(
+        tmp_path,
+        "rules:\n"
+        + rule("a", "allow")
+        + rule("trial", "deny", "input.amount > 500", extra="    mode: audit\n"),
+    )
+    d = decide(ps)
+    assert (d.effect, d.rule_id) == ("allow", "a")
+    [trial] = [r for r in d.results if r.rule_id == "trial"]
+    assert trial.mode == "audit"
+    assert trial.error is not None
+
+
+def test_audit_mode_deny_is_recorded_but_not_enforced(tmp_path: Path) -> None:
+    ps = policies(
+        tmp_path,
+        "rules:\n"
+        + rule("a", "allow")
+        + rule("would-deny", "deny", "input.amount > 500", extra="    mode: audit\n"),
+    )
+    d = decide(ps, amount=900)
+    assert (d.effect, d.rule_id) == ("allow", "a")
+    assert {"id": "would-deny", "effect": "deny", "mode": "audit", "matched": True} in (
+        d.rules_json()
+    )
+
+
+def test_audit_mode_hide_does_not_hide(tmp_path: Path) -> None:
+    ps = policies(
+        tmp_path, "rules:\n" + rule("h", "hide", extra="    mode: audit\n") + rule("a", "allow")
+    )
+    d = final(ps)
+    assert d.effect == "allow"
+
+
+# -- messages -----------------------------------------------------------------
+
+
+def test_message_expr_is_used(tmp_path: Path) -> None:
+    extra = (
+        "    message: static\n"
+        '    message_expr: \'"Refunds above " + string(input.limit) + " need a manager."\'\n'
+    )
+    ps = policies(tmp_path, "rules:\n" + rule("d", "deny", extra=extra))
+    assert decide(ps, limit=500).message == "Refunds above 500 need a manager."
+
+
+def test_message_expr_falls_back_to_message_when_it_errors(tmp_path: Path) -> None:
+    extra = "    message: static\n    message_expr: input.nothing_here\n"
+    ps = policies(tmp_path, "rules:\n" + rule("d", "deny", extra=extra))
+    d = decide(ps)
+    assert (d.effect, d.message) == ("deny", "static")
+
+
+def test_message_expr_that_is_not_a_string_falls_back(tmp_path: Path) -> None:
+    extra = "    message: static\n    message_expr: 1 + 2\n"
+    ps = policies(tmp_path, "rules:\n" + rule("d", "deny", extra=extra))
+    assert decide(ps).message == "static"
+
+
+# -- globs --------------------------------------------------------------------
+
+
+def test_glob_matches_within_its_namespace_only(tmp_path: Path) -> None:
+    ps = policies(tmp_path, "rules:\n" + rule("a", "allow"))
+    assert decide(ps, "orders.refund").effect == "allow"
+    assert decide(ps, "billing.x").effect == "deny"
+    [compiled] = ps.rules
+    assert compiled.applies_to("orders.refund")
+    assert not compiled.applies_to("billing.x")
+    assert not compiled.applies_to("ordersx.refund")
+
+
+def test_rules_for_returns_only_matching_rules_in_load_order(tmp_path: Path) -> None:
+    text = (
+        "rules:\n"
+        '  - id: refund-only\n    capabilities: ["orders.refund"]\n    effect: allow\n'
+        '  - id: billing\n    capabilities: ["billing.*"]\n    effect: deny\n'
+        '  - id: any-order\n    capabilities: ["orders.*"]\n    effect: deny\n'
+        '  - id: two-globs\n    capabilities: ["billing.x", "orders.re*"]\n    effect: hide\n'
+    )
+    ps = policies(tmp_path, text)
+    assert [r.id for r in ps.rules_for("orders.refund")] == [
+        "refund-only",
+        "any-order",
+        "two-globs",
+    ]
+    assert [r.id for r in ps.rules_for("orders.get")] == ["any-order"]
+    assert [r.id for r in ps.rules_for("billing.x")] == ["billing", "two-globs"]
+    assert ps.rules_for("shipping.track") == ()
+    # Memoized lookups answer the same.
+    assert [r.id for r in ps.rules_for("orders.get")] == ["any-order"]
+
+
+# -- variables ----------------------------------------------------------------
+
+
+def test_context_capability_and_now_are_available(tmp_path: Path) -> None:
+    when = (
+        'context.surface == "direct" && capability.service == "orders" '
+        '&& now > timestamp("2024-01-01T00:00:00Z")'
+    )
+    ps = policies(tmp_path, "rules:\n" + rule("a", "allow", when))
+    assert decide(ps).effect == "allow"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from warden_server.policy.cel import Activation, EvaluationError, Evaluator, Program
-from warden_server.policy.globs import GlobIndex
+from warden_server.policy.globs import GlobIndex, matches
 from warden_server.policy.model import EFFECT_PRECEDENCE, Effect, Outcome, Rule
 
 
@@ -32,6 +32,9 @@ class CompiledRule:
     @property
     def enforced(self) -> bool:
         return self.rule.mode == "enforce"
+
+    def applies_to(self, capability_id: str) -> bool:
+        return any(matches(capability_id, glob) for glob in self.rule.capabilities)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from warden.shared.canonical import compact_json
+from warden.shared.canonical import canonical_json, compact_json, strict_loads
 from warden.v1 import errors_pb2, governor_pb2, policy_pb2, registry_pb2
 from warden_server.auth.actors import Actor
 from warden_server.errors import InvalidRequest
@@ -119,8 +118,9 @@ def context_of(text: str, field: str = "context_json") -> dict[str, Any]:
     if not text:
         return {}
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = strict_loads(text)
+        canonical_json(value)
+    except ValueError as exc:
         raise InvalidRequest(f"{field} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidRequest(f"{field} must be a JSON object")
