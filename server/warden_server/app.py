@@ -15,6 +15,8 @@ from warden.v1 import (
     approvals_pb2_grpc,
     governor_pb2,
     governor_pb2_grpc,
+    policy_pb2,
+    policy_pb2_grpc,
     registry_pb2,
     registry_pb2_grpc,
 )
@@ -22,6 +24,7 @@ from warden_server.approvals.expiry import Sweeper
 from warden_server.plane import Plane
 from warden_server.services.approvals import ApprovalsServicer
 from warden_server.services.governor import GovernorServicer
+from warden_server.services.policies import PoliciesServicer
 from warden_server.services.registry import RegistryServicer
 
 log = logging.getLogger(__name__)
@@ -29,6 +32,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = (
     governor_pb2.DESCRIPTOR.services_by_name["Governor"].full_name,
     registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
+    policy_pb2.DESCRIPTOR.services_by_name["Policies"].full_name,
     approvals_pb2.DESCRIPTOR.services_by_name["Approvals"].full_name,
 )
 
@@ -83,21 +87,32 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            # Two planes must never share a port: the second one fails to start.
+            ("grpc.so_reuseport", 0),
         ],
     )
     governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), server)
     registry_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(plane), server)
+    policy_pb2_grpc.add_PoliciesServicer_to_server(PoliciesServicer(plane), server)
     approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(plane), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(listen)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        port = 0
+        reason = str(exc)
+    else:
+        reason = "the address is in use or not available"
     if port == 0:
         plane.close()
-        raise OSError(f"cannot listen on {listen}")
+        raise OSError(f"cannot listen on {listen}: {reason}")
     server.start()
+    if plane.config.server.watch_policies:
+        plane.reloader.start()
     for name in (*SERVICE_NAMES, ""):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     sweeper = Sweeper(plane, plane.config.server.approval_sweep_seconds)

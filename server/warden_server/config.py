@@ -36,6 +36,12 @@ class ServerSection(_Section):
     """The folder of policy files."""
     default_effect: Literal["allow", "deny"] = "deny"
     """The decision when no rule matches. Deny fails closed."""
+    watch_policies: bool = True
+    """Reload the policy folder when its files change; a set with problems
+    never replaces the one in force (SI-12)."""
+    policy_debounce_ms: Annotated[int, Field(ge=10, le=60_000)] = 300
+    """How long changes to the policy folder are gathered before one reload,
+    so that a multi-file edit is read once, whole."""
     max_input_bytes: Annotated[int, Field(gt=0)] = 1_048_576
     """Larger inputs fail INPUT_INVALID before they are parsed."""
     default_timeout_ms: Annotated[int, Field(gt=0)] = 30_000

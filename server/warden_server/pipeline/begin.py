@@ -26,6 +26,7 @@ from warden_server.pipeline.policy import policy
 from warden_server.pipeline.resolve import resolve
 from warden_server.pipeline.validate import validate
 from warden_server.pipeline.visibility import visibility
+from warden_server.policy.engine import would_have
 from warden_server.store import ApprovalRecord, InvocationRecord, WriteTransaction
 
 if TYPE_CHECKING:
@@ -248,7 +249,11 @@ def _rules_json(ctx: BeginContext) -> str | None:
     hiding = ctx.visibility.rule_id if ctx.visibility else None
     if not results and not deciding and not hiding:
         return None
-    return compact_json({"decided_by": hiding or deciding, "evaluated": results})
+    recorded: dict[str, Any] = {"decided_by": hiding or deciding, "evaluated": results}
+    shadow = would_have(ctx.visibility, ctx.decision) if ctx.visibility else None
+    if shadow is not None:
+        recorded["would_have"] = shadow.outcome_json()
+    return compact_json(recorded)
 
 
 def _redacted_input(ctx: BeginContext) -> str | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
@@ -10,12 +9,14 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from warden.shared.canonical import compact_json
-from warden.v1 import approvals_pb2, errors_pb2, governor_pb2, registry_pb2
+from warden.shared.canonical import canonical_json, compact_json, strict_loads
+from warden.v1 import approvals_pb2, errors_pb2, governor_pb2, policy_pb2, registry_pb2
 from warden_server.approvals.deciding import ApprovalView
 from warden_server.auth.actors import Actor
 from warden_server.errors import InvalidRequest
 from warden_server.pipeline.failure import Failure
+from warden_server.plane import PolicyStatus
+from warden_server.policy.loader import Problem
 from warden_server.registry import (
     SURFACES,
     Capability,
@@ -135,8 +136,9 @@ def context_of(text: str, field: str = "context_json") -> dict[str, Any]:
     if not text:
         return {}
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = strict_loads(text)
+        canonical_json(value)
+    except ValueError as exc:
         raise InvalidRequest(f"{field} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidRequest(f"{field} must be a JSON object")
@@ -197,4 +199,37 @@ def approval_to_proto(view: ApprovalView) -> approvals_pb2.Approval:
 def approval_event_to_proto(kind: str, view: ApprovalView) -> approvals_pb2.ApprovalEvent:
     return approvals_pb2.ApprovalEvent(
         type=APPROVAL_EVENT_TYPES[kind], approval=approval_to_proto(view)
+    )
+
+
+def policy_status_to_proto(
+    status: PolicyStatus, directory: str, watching: bool
+) -> policy_pb2.PolicyStatus:
+    current = status.current
+    message = policy_pb2.PolicyStatus(
+        current=policy_pb2.PolicyRevision(
+            revision=current.revision, files=list(current.files), at=timestamp(status.loaded_at)
+        ),
+        rules=len(current.rules),
+        directory=directory,
+        watching=watching,
+    )
+    rejected = status.rejected
+    if rejected is not None:
+        message.rejected.CopyFrom(
+            policy_pb2.PolicyRevision(
+                revision=rejected.revision, files=list(rejected.files), at=timestamp(rejected.at)
+            )
+        )
+        message.problems.extend(problem_to_proto(p) for p in rejected.problems)
+    return message
+
+
+def problem_to_proto(problem: Problem) -> policy_pb2.PolicyProblem:
+    return policy_pb2.PolicyProblem(
+        file=problem.file,
+        line=problem.line,
+        column=problem.column,
+        path=problem.path,
+        message=problem.message,
     )

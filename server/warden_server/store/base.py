@@ -80,6 +80,10 @@ class Store(Protocol):
 
     def get_invocation(self, invocation_id: str) -> InvocationRecord | None: ...
 
+    def invocation_decided(self, invocation_id: str) -> bool:
+        """Whether any decision was already recorded for this invocation id."""
+        ...
+
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
 
     def list_approvals(

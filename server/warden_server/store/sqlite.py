@@ -309,6 +309,17 @@ class SQLiteStore:
         )
         return InvocationRecord(**dict(row)) if row else None
 
+    def invocation_decided(self, invocation_id: str) -> bool:
+        row = (
+            self._reader()
+            .execute(
+                "SELECT 1 FROM audit_events WHERE invocation_id = ? AND kind = 'decision' LIMIT 1",
+                (invocation_id,),
+            )
+            .fetchone()
+        )
+        return row is not None
+
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = (
             self._reader()
