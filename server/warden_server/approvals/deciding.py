@@ -35,6 +35,7 @@ from warden_server.auth.actors import Actor, AuthenticationError
 from warden_server.errors import InvalidRequest, NotFound, PermissionDenied, RequestError
 from warden_server.policy.cel import EvaluationError
 from warden_server.policy.engine import PolicySet
+from warden_server.policy.variables import approver_variables
 from warden_server.store import ApprovalRecord, WriteTransaction
 
 if TYPE_CHECKING:
@@ -252,12 +253,14 @@ def _refusal(
                 "the requester of a call cannot decide its approval (separation of duties)"
             ),
         )
-    rule = next((r for r in policies.rules if r.id == approval.rule_id), None)
+    rule = next(
+        (r for r in policies.rules_for(approval.capability_id) if r.id == approval.rule_id), None
+    )
     if (
         rule is None
         or rule.approvers is None
         or rule.rule.effect != "require_approval"
-        or rule.rule.mode != "enforce"
+        or not rule.enforced
     ):
         return _Refusal(
             f"rule-withdrawn:{approval.rule_id}",
@@ -294,10 +297,10 @@ def _variables(plane: Plane, approver: Actor, approval: ApprovalRecord) -> dict[
         else {"id": approval.requester_id, "roles": [], "tenant": approval.tenant, "attrs": {}}
     )
     capability = plane.registry.get(approval.capability_id, approval.capability_version)
-    return {
-        "approver": approver.to_cel(),
-        "requester": requester,
-        "capability": capability.to_cel()
+    return approver_variables(
+        approver=approver.to_cel(),
+        requester=requester,
+        capability=capability.to_cel()
         if capability
         else {
             "id": approval.capability_id,
@@ -306,8 +309,8 @@ def _variables(plane: Plane, approver: Actor, approval: ApprovalRecord) -> dict[
             "side_effect": "",
             "tags": [],
         },
-        "input": json.loads(approval.input),
-    }
+        input=json.loads(approval.input),
+    )
 
 
 def _not_found(approval_id: str) -> NotFound:

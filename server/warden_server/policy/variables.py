@@ -51,3 +51,19 @@ def decision_variables(
         "context": {**context, "surface": surface},
         "now": now,
     }
+
+
+def approver_variables(
+    *,
+    approver: Mapping[str, Any],
+    requester: Mapping[str, Any],
+    capability: Mapping[str, Any],
+    input: Any,
+) -> dict[str, Any]:
+    """The variables of one ``approvers`` evaluation: who decides, for whom, on what."""
+    return {
+        "approver": dict(approver),
+        "requester": dict(requester),
+        "capability": dict(capability),
+        "input": input,
+    }
