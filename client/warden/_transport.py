@@ -204,5 +204,5 @@ def approval_error(exc: grpc.RpcError, target: str) -> ApprovalError:
     code: grpc.StatusCode = exc.code()
     details = exc.details() or ""
     if code in _TRANSIENT:
-        details = f"the plane at {target} did not answer ({code.name}): {details}"
+        details = f"the plane at {target} did not answer: {details}"
     return ApprovalError(code.name, details, transient=code in _TRANSIENT)

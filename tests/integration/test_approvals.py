@@ -404,6 +404,24 @@ def test_the_sweep_expires_due_approvals_and_tells_watchers(
     assert row["actor_id"] is None and json.loads(row["details"]) == {"from": "pending"}
 
 
+def test_the_running_plane_sweeps_on_its_own(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    plant = start_plane(write_lab_policies(tmp_path / "lab"), approval_sweep_seconds=0.05)
+    clock = install_clock(plant)
+    rt = build_lab(plant.target, ORDERS_TOKEN, Lab())
+    try:
+        env = suspend(rt, plant)
+    finally:
+        rt.close()
+    with approver(plant) as approvals:
+        events = watch_in_background(approvals)
+        assert events.get(timeout=10).type == "pending"
+        clock.advance(hours=1)
+        event = events.get(timeout=10)
+    assert (event.type, event.approval.id) == ("expired", env.approval_id)
+
+
 # -- watching ----------------------------------------------------------------------
 
 
