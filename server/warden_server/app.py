@@ -10,9 +10,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from warden.v1 import governor_pb2, governor_pb2_grpc, registry_pb2, registry_pb2_grpc
+from warden.v1 import (
+    governor_pb2,
+    governor_pb2_grpc,
+    grants_pb2,
+    grants_pb2_grpc,
+    registry_pb2,
+    registry_pb2_grpc,
+)
 from warden_server.plane import Plane
 from warden_server.services.governor import GovernorServicer
+from warden_server.services.grants import GrantKeysServicer
 from warden_server.services.registry import RegistryServicer
 
 log = logging.getLogger(__name__)
@@ -20,6 +28,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = (
     governor_pb2.DESCRIPTOR.services_by_name["Governor"].full_name,
     registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
+    grants_pb2.DESCRIPTOR.services_by_name["GrantKeys"].full_name,
 )
 
 
@@ -73,6 +82,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     )
     governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), server)
     registry_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(plane), server)
+    grants_pb2_grpc.add_GrantKeysServicer_to_server(GrantKeysServicer(plane), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

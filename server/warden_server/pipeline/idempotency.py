@@ -1,0 +1,97 @@
+"""Step 9: idempotency — reserve the key, or answer from what it already holds.
+
+A call with an idempotency key reserves (service, capability, actor, key)
+together with its input digest, atomically with its grant. A repeat of the
+key, before the reservation expires, is answered without a grant:
+
+============================ ==============================================
+the reservation              the repeat gets
+============================ ==============================================
+another input digest         ``IDEMPOTENCY_CONFLICT``
+completed                    the recorded outcome, replayed (``ctx.replay``)
+running, grant still valid   ``OPERATION_IN_PROGRESS`` (retryable)
+running, grant expired       ``OUTCOME_UNKNOWN``: the outcome never arrived,
+                             the handler may have run; never re-run silently
+============================ ==============================================
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from warden_server.pipeline.approval import iso
+from warden_server.pipeline.context import BeginContext
+from warden_server.pipeline.failure import Failure, fail
+from warden_server.store import IdempotencyRecord
+
+if TYPE_CHECKING:
+    from warden_server.plane import Plane
+
+
+def idempotency(plane: Plane, ctx: BeginContext) -> Failure | None:
+    key = ctx.request.idempotency_key
+    if not key:
+        return None
+    capability, actor = ctx.capability, ctx.actor
+    assert capability is not None and actor is not None and ctx.input_digest is not None
+    now = iso(ctx.now)
+    service = ctx.request.service.name
+    held = plane.store.get_idempotency(service, capability.id, actor.id, key)
+    if held is not None and now < held.expires_at:
+        return _answer_from(plane, ctx, held, now)
+    if ctx.approval_used_before:
+        return fail("APPROVAL_DENIED", "approval-already-used")
+    window = timedelta(seconds=plane.config.idempotency.window_seconds)
+    ctx.reservation = IdempotencyRecord(
+        service=service,
+        capability_id=capability.id,
+        actor_id=actor.id,
+        key=key,
+        input_digest=ctx.input_digest,
+        invocation_id=ctx.request.invocation_id,
+        state="in_progress",
+        created_at=now,
+        expires_at=iso(ctx.now + window),
+    )
+    return None
+
+
+def _answer_from(
+    plane: Plane, ctx: BeginContext, held: IdempotencyRecord, now: str
+) -> Failure | None:
+    first = held.invocation_id
+    if held.input_digest != ctx.input_digest:
+        return fail("IDEMPOTENCY_CONFLICT", f"idempotency-conflict:{first}")
+    if held.state == "completed":
+        ctx.replay = held
+        return None
+    invocation = plane.store.get_invocation(first)
+    if invocation is None or now >= invocation.expires_at:
+        return fail("OUTCOME_UNKNOWN", f"outcome-never-reported:{first}")
+    return fail("OPERATION_IN_PROGRESS", f"in-progress:{first}")
+
+
+def replay_binding(record: IdempotencyRecord) -> str:
+    """What a sealed output is bound to: exactly this reservation."""
+    return "\x1f".join(
+        (
+            record.service,
+            record.capability_id,
+            record.actor_id,
+            record.key,
+            record.input_digest,
+            record.invocation_id,
+        )
+    )
+
+
+def records_for_replay(status: str, retryable: bool, executed_before_failure: bool) -> bool:
+    """Whether an outcome is recorded for replay (True) or the key released.
+
+    A failure that another attempt could fix and that came before the handler
+    ran changed nothing, so a repeat may run afresh. Everything else — a
+    success, a failure after the handler ran, a failure that would recur — is
+    what the key answers from now on.
+    """
+    return status == "succeeded" or executed_before_failure or not retryable
