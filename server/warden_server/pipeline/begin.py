@@ -5,7 +5,6 @@ No grant leaves the plane before its decision record is committed (SI-3).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from warden_server.pipeline.authenticate import authenticate
 from warden_server.pipeline.authorize import authorize
 from warden_server.pipeline.context import BeginContext, BeginRequest
 from warden_server.pipeline.failure import Failure, fail
-from warden_server.pipeline.idempotency import idempotency, replay_binding
+from warden_server.pipeline.idempotency import Replayed, idempotency, replayed
 from warden_server.pipeline.policy import policy
 from warden_server.pipeline.resolve import resolve
 from warden_server.pipeline.validate import validate
@@ -67,19 +66,6 @@ class Granted:
     input_digest: str
     timeout_ms: int
     expires_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Replayed:
-    """The recorded outcome of a completed call with the same idempotency key."""
-
-    original_invocation_id: str
-    status: str
-    output_json: str
-    """The output as the handler returned it (``succeeded`` only), else empty."""
-    failure: Failure | None
-    executed_before_failure: bool
-    completed_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,50 +178,17 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
 
 def _replay(plane: Plane, ctx: BeginContext, held: IdempotencyRecord) -> BeginResult:
     """Answer with the recorded outcome of the call that holds the key."""
-    output_json = ""
-    if held.status == "succeeded":
-        opened = (
-            plane.sealer.open(held.sealed_output, replay_binding(held))
-            if held.sealed_output is not None
-            else None
-        )
-        if opened is None:
-            # Sealed under another replay key (a restart without one configured).
-            reason = f"replay-unreadable:{held.invocation_id}"
-            return _refuse(plane, ctx, fail("OUTCOME_UNKNOWN", reason))
-        output_json = opened
-    event = _decision_event(
-        plane, ctx, "replayed", None, reason=f"idempotent-replay:{held.invocation_id}"
-    )
+    answer = replayed(plane, held)
+    if isinstance(answer, Failure):
+        return _refuse(plane, ctx, answer)
+    reason = f"idempotent-replay:{held.invocation_id}"
+    event = _decision_event(plane, ctx, "replayed", None, reason=reason)
     plane.store.transact(lambda tx: tx.append_audit(event))
-    assert held.status is not None and held.completed_at is not None
     return BeginResult(
         invocation_id=ctx.request.invocation_id,
         policy_revision=ctx.policies.revision,
         context=ctx,
-        replay=Replayed(
-            original_invocation_id=held.invocation_id,
-            status=held.status,
-            output_json=output_json,
-            failure=_recorded_failure(held.failure),
-            executed_before_failure=bool(held.executed_before_failure),
-            completed_at=datetime.fromisoformat(held.completed_at),
-        ),
-    )
-
-
-def _recorded_failure(text: str | None) -> Failure | None:
-    if not text:
-        return None
-    face = json.loads(text)
-    return Failure(
-        code=face["code"],
-        stage=face["stage"],
-        public_message=face["public_message"],
-        retryable=face["retryable"],
-        exposed=face["exposed"],
-        reason="replayed",
-        details=face.get("details"),
+        replay=answer,
     )
 
 

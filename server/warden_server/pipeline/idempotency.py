@@ -17,7 +17,9 @@ running, grant expired       ``OUTCOME_UNKNOWN``: the outcome never arrived,
 
 from __future__ import annotations
 
-from datetime import timedelta
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from warden_server.pipeline.approval import iso
@@ -70,6 +72,55 @@ def _answer_from(
     if invocation is None or now >= invocation.expires_at:
         return fail("OUTCOME_UNKNOWN", f"outcome-never-reported:{first}")
     return fail("OPERATION_IN_PROGRESS", f"in-progress:{first}")
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """The recorded outcome of a completed call with the same idempotency key."""
+
+    original_invocation_id: str
+    status: str
+    output_json: str
+    """The output as the handler returned it (``succeeded`` only), else empty."""
+    failure: Failure | None
+    executed_before_failure: bool
+    completed_at: datetime
+
+
+def replayed(plane: Plane, held: IdempotencyRecord) -> Replayed | Failure:
+    """The outcome a completed reservation answers with, its output unsealed;
+    ``OUTCOME_UNKNOWN`` when the output was sealed under another replay key
+    (a restart without one configured)."""
+    assert held.status is not None and held.completed_at is not None
+    output_json = ""
+    if held.status == "succeeded":
+        opened = (
+            plane.sealer.open(held.sealed_output, replay_binding(held))
+            if held.sealed_output is not None
+            else None
+        )
+        if opened is None:
+            return fail("OUTCOME_UNKNOWN", f"replay-unreadable:{held.invocation_id}")
+        output_json = opened
+    face = json.loads(held.failure) if held.failure else None
+    return Replayed(
+        original_invocation_id=held.invocation_id,
+        status=held.status,
+        output_json=output_json,
+        failure=Failure(
+            code=face["code"],
+            stage=face["stage"],
+            public_message=face["public_message"],
+            retryable=face["retryable"],
+            exposed=face["exposed"],
+            reason="replayed",
+            details=face.get("details"),
+        )
+        if face
+        else None,
+        executed_before_failure=bool(held.executed_before_failure),
+        completed_at=datetime.fromisoformat(held.completed_at),
+    )
 
 
 def replay_binding(record: IdempotencyRecord) -> str:

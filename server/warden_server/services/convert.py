@@ -14,8 +14,8 @@ from warden.v1 import errors_pb2, governor_pb2, grants_pb2, registry_pb2
 from warden_server.auth.actors import Actor
 from warden_server.errors import InvalidRequest
 from warden_server.grants import PublishedKey
-from warden_server.pipeline.begin import Replayed
 from warden_server.pipeline.failure import Failure
+from warden_server.pipeline.idempotency import Replayed
 from warden_server.registry import (
     SURFACES,
     Capability,
