@@ -46,6 +46,15 @@ class OutputInvalidError(Exception):
     """The handler's output broke its schema (a private cause: never shown to models)."""
 
 
+class CancelledAfterOutcome(Exception):
+    """The caller cancelled once the attempt's outcome was known: the outcome
+    stands (the handler's work is done), and no further attempt is made."""
+
+    def __init__(self, envelope: Envelope) -> None:
+        super().__init__(envelope.status)
+        self.envelope = envelope
+
+
 @dataclass(slots=True)
 class _Granted:
     """What one granted attempt knows while it runs."""
@@ -113,7 +122,7 @@ class AttemptRunner:
             return Envelope("cancelled", invocation_id, error=cancelled)
         if response.WhichOneof("outcome") == "grant":
             granted = _Granted(invocation_id, response.grant.token, spec)
-            return await asyncio.shield(self._report(granted, cancelled))
+            return await self._report(granted, cancelled)
         return Envelope("cancelled", invocation_id, error=cancelled)
 
     async def _execute(
@@ -152,7 +161,7 @@ class AttemptRunner:
             # with status cancelled, reported like every other outcome.
             uncancel()
             error = CapabilityError("CANCELLED")
-            return await asyncio.shield(self._report(granted, error, executed=ran.is_set()))
+            return await self._report(granted, error, executed=ran.is_set())
         except CapabilityError as raised:
             declared = spec.errors.get(raised.code)
             if declared is not None and raised.expose_to_model:
@@ -194,7 +203,6 @@ class AttemptRunner:
         output: Any = None,
     ) -> Envelope:
         """Step 14: report the outcome, then answer with the envelope."""
-        spec = granted.spec
         request = governor_pb2.CompleteRequest(
             invocation_id=granted.invocation_id,
             grant_token=granted.token,
@@ -216,26 +224,53 @@ class AttemptRunner:
             )
             request.failure.CopyFrom(error_to_proto(error))
             request.diagnostics.CopyFrom(_diagnostics(error.cause, granted.secrets))
+        # The report always finishes: an outcome the plane never hears of would
+        # leave the audit trail short and an idempotency key in doubt.
+        reporting = asyncio.ensure_future(self._report_outcome(request))
+        try:
+            await asyncio.shield(reporting)
+            cancelled_late = False
+        except asyncio.CancelledError:
+            uncancel()
+            await reporting
+            cancelled_late = True
+        envelope = _answer(granted, error, request.executed_before_failure, output_json, output)
+        if cancelled_late:
+            raise CancelledAfterOutcome(envelope)
+        return envelope
+
+    async def _report_outcome(self, request: governor_pb2.CompleteRequest) -> None:
         try:
             await self._transport.complete(request)
         except CapabilityError as report_error:
             log.error(
                 "the outcome of invocation %s could not be reported: %s",
-                granted.invocation_id,
+                request.invocation_id,
                 report_error.cause,
             )
-        if error is None:
-            model_output = strip_model_hidden(output_json, spec.output_schema) if spec else None
-            return Envelope(
-                "succeeded", granted.invocation_id, output=output, model_output=model_output
-            )
-        status: Status = "cancelled" if error.code == "CANCELLED" else "failed"
+
+
+def _answer(
+    granted: _Granted,
+    error: CapabilityError | None,
+    executed_before_failure: bool,
+    output_json: Any,
+    output: Any,
+) -> Envelope:
+    """The envelope for a reported outcome."""
+    spec = granted.spec
+    if error is None:
+        model_output = strip_model_hidden(output_json, spec.output_schema) if spec else None
         return Envelope(
-            status,
-            granted.invocation_id,
-            error=error,
-            executed_before_failure=request.executed_before_failure,
+            "succeeded", granted.invocation_id, output=output, model_output=model_output
         )
+    status: Status = "cancelled" if error.code == "CANCELLED" else "failed"
+    return Envelope(
+        status,
+        granted.invocation_id,
+        error=error,
+        executed_before_failure=executed_before_failure,
+    )
 
 
 def _replayed(

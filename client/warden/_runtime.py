@@ -27,7 +27,7 @@ from warden._cancel import CancelToken
 from warden._capability import CapabilitySpec, ErrorSpec, SideEffect, build_spec
 from warden._envelope import Envelope
 from warden._errors import CapabilityError, WardenError
-from warden._execution import AttemptRunner, uncancel
+from warden._execution import AttemptRunner, CancelledAfterOutcome, uncancel
 from warden._grants import GrantKey
 from warden._retry import RetryPolicy, may_retry
 from warden._transport import Transport
@@ -300,7 +300,10 @@ class Runtime:
                     call_id=call.call_id,
                     attempt=attempt,
                 )
-            envelope = await self._attempt(call, attempt)
+            try:
+                envelope = await self._attempt(call, attempt)
+            except CancelledAfterOutcome as late:
+                return replace(late.envelope, call_id=call.call_id, attempt=attempt)
             if attempt >= call.retry.max_attempts or not may_retry(
                 envelope, side_effect, call.idempotency_key
             ):

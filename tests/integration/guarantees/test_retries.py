@@ -4,8 +4,12 @@ own, and that every attempt is its own audit record under one call id."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from typing import Any
+
+import pytest
 
 import warden
 from tests.conftest import ORDERS_TOKEN, Plant
@@ -158,19 +162,28 @@ def test_si11_retries_are_configurable_per_runtime_and_per_call(
     assert twice.status == "succeeded" and twice.attempt == 2
 
 
-def test_si11_cancelling_during_the_backoff_ends_the_call(pay_plant: Plant, ledger: Ledger) -> None:
-    slow = warden.RetryPolicy(max_attempts=5, initial_backoff_ms=5_000, max_backoff_ms=5_000)
+def retrying_logged(caplog: pytest.LogCaptureFixture) -> bool:
+    """Whether the runtime announced a retry: it is about to wait out the backoff."""
+    return any(r.getMessage().startswith("retrying") for r in caplog.records)
+
+
+SLOW = warden.RetryPolicy(max_attempts=5, initial_backoff_ms=5_000, max_backoff_ms=5_000)
+
+
+def test_si11_cancelling_during_the_backoff_ends_the_call(
+    pay_plant: Plant, ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="warden")
 
     async def scenario() -> warden.Envelope:
         rt = build_payments(pay_plant.target, ORDERS_TOKEN, ledger)
         try:
             await rt.aregister()
             task = asyncio.create_task(
-                rt.ainvoke("orders.lookup", flaky("b", 5), actor=pay_plant.token(), retry=slow)
+                rt.ainvoke("orders.lookup", flaky("b", 5), actor=pay_plant.token(), retry=SLOW)
             )
-            while ledger.attempts.get("b", 0) == 0:
+            while not retrying_logged(caplog):
                 await asyncio.sleep(0.005)
-            await asyncio.sleep(0.1)  # the first attempt is reported; the backoff runs
             task.cancel()
             return await task
         finally:
@@ -180,22 +193,63 @@ def test_si11_cancelling_during_the_backoff_ends_the_call(pay_plant: Plant, ledg
     env = asyncio.run(scenario())
     assert env.status == "cancelled" and env.error is not None
     assert env.error.code == "CANCELLED"
+    assert env.attempt == 1
     assert ledger.attempts["b"] == 1
 
 
-def test_si11_a_cancel_token_stops_retrying(pay_plant: Plant, ledger: Ledger) -> None:
-    slow = warden.RetryPolicy(max_attempts=5, initial_backoff_ms=5_000, max_backoff_ms=5_000)
+def test_si11_a_cancel_token_stops_retrying(
+    pay_plant: Plant, ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="warden")
     rt = build_payments(pay_plant.target, ORDERS_TOKEN, ledger)
     token = warden.CancelToken()
+
+    def cancel_in_the_backoff() -> None:
+        while not retrying_logged(caplog):
+            time.sleep(0.005)
+        token.cancel()
+
+    canceller = threading.Thread(target=cancel_in_the_backoff)
     try:
         rt.register()
-        timer = threading.Timer(0.3, token.cancel)
-        timer.start()
+        canceller.start()
         env = rt.invoke(
-            "orders.lookup", flaky("t", 5), actor=pay_plant.token(), retry=slow, cancel=token
+            "orders.lookup", flaky("t", 5), actor=pay_plant.token(), retry=SLOW, cancel=token
         )
-        timer.join()
+        canceller.join()
     finally:
         rt.close()
-    assert env.status == "cancelled"
+    assert env.status == "cancelled" and env.attempt == 1
     assert ledger.attempts["t"] == 1
+
+
+def test_a_cancellation_once_the_outcome_is_known_keeps_the_outcome(
+    pay_plant: Plant, ledger: Ledger
+) -> None:
+    async def scenario() -> warden.Envelope:
+        rt = build_payments(pay_plant.target, ORDERS_TOKEN, ledger)
+        try:
+            await rt.aregister()
+            task = asyncio.create_task(
+                rt.ainvoke("orders.lookup", flaky("o", 5), actor=pay_plant.token(), retry=SLOW)
+            )
+            # The handler has answered; the outcome is on its way to the plane.
+            while ledger.attempts.get("o", 0) == 0:
+                await asyncio.sleep(0)
+            while not pay_plant.events(kind="outcome"):
+                await asyncio.sleep(0)
+            task.cancel()
+            return await task
+        finally:
+            await rt.aclose()
+            rt.close()
+
+    env = asyncio.run(scenario())
+    # Cancelled either while the report was in flight (the outcome stands) or
+    # in the backoff that followed; never another attempt.
+    assert (env.status, env.error.code if env.error else None) in (
+        ("failed", "TRY_LATER"),
+        ("cancelled", "CANCELLED"),
+    )
+    assert env.attempt == 1 and ledger.attempts["o"] == 1
+    assert len(pay_plant.events(kind="outcome")) == 1
