@@ -11,10 +11,11 @@ def refund(inp: RefundIn, ctx: warden.Context) -> RefundOut: ...
 env = rt.invoke("orders.refund", {"order_id": "A1", "amount": 730}, actor=ACTOR_JWT)
 """
 
+from warden._approvals import Approval, ApprovalEvent, Approvals
 from warden._cancel import CancelToken
 from warden._context import Actor, Context, DeclaredError
 from warden._envelope import Envelope, unwrap
-from warden._errors import CapabilityError, WardenError
+from warden._errors import ApprovalError, CapabilityError, WardenError
 from warden._grants import GrantKey, GrantVerificationError, verify_grant
 from warden._markers import ModelHidden, Sensitive
 from warden._retry import NO_RETRY, RetryPolicy, may_retry
@@ -24,6 +25,10 @@ from warden.shared.grant_token import GrantClaims
 __all__ = [
     "NO_RETRY",
     "Actor",
+    "Approval",
+    "ApprovalError",
+    "ApprovalEvent",
+    "Approvals",
     "CancelToken",
     "CapabilityError",
     "Context",

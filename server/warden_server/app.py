@@ -11,16 +11,23 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from warden.v1 import (
+    approvals_pb2,
+    approvals_pb2_grpc,
     governor_pb2,
     governor_pb2_grpc,
     grants_pb2,
     grants_pb2_grpc,
+    policy_pb2,
+    policy_pb2_grpc,
     registry_pb2,
     registry_pb2_grpc,
 )
+from warden_server.approvals.expiry import Sweeper
 from warden_server.plane import Plane
+from warden_server.services.approvals import ApprovalsServicer
 from warden_server.services.governor import GovernorServicer
 from warden_server.services.grants import GrantKeysServicer
+from warden_server.services.policies import PoliciesServicer
 from warden_server.services.registry import RegistryServicer
 
 log = logging.getLogger(__name__)
@@ -28,6 +35,8 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = (
     governor_pb2.DESCRIPTOR.services_by_name["Governor"].full_name,
     registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
+    policy_pb2.DESCRIPTOR.services_by_name["Policies"].full_name,
+    approvals_pb2.DESCRIPTOR.services_by_name["Approvals"].full_name,
     grants_pb2.DESCRIPTOR.services_by_name["GrantKeys"].full_name,
 )
 
@@ -41,6 +50,7 @@ class Server:
     port: int
     host: str
     health: health.HealthServicer = field(repr=False)
+    sweeper: Sweeper | None = field(default=None, repr=False)
 
     @property
     def target(self) -> str:
@@ -49,6 +59,9 @@ class Server:
     def stop(self, grace: float | None = 2.0) -> None:
         """Stop serving (letting in-flight calls finish within ``grace``), then close the store."""
         self.health.enter_graceful_shutdown()
+        if self.sweeper is not None:
+            self.sweeper.stop()
+        self.plane.approval_events.close()  # watch streams end now, not at the grace's end
         self.grpc_server.stop(grace).wait()
         self.plane.close()
 
@@ -78,27 +91,48 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            # Two planes must never share a port: the second one fails to start.
+            ("grpc.so_reuseport", 0),
         ],
     )
     governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), server)
     registry_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(plane), server)
+    policy_pb2_grpc.add_PoliciesServicer_to_server(PoliciesServicer(plane), server)
+    approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(plane), server)
     grants_pb2_grpc.add_GrantKeysServicer_to_server(GrantKeysServicer(plane), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(listen)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        port = 0
+        reason = str(exc)
+    else:
+        reason = "the address is in use or not available"
     if port == 0:
         plane.close()
-        raise OSError(f"cannot listen on {listen}")
+        raise OSError(f"cannot listen on {listen}: {reason}")
     server.start()
+    if plane.config.server.watch_policies:
+        plane.reloader.start()
     for name in (*SERVICE_NAMES, ""):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    sweeper = Sweeper(plane, plane.config.server.approval_sweep_seconds)
+    sweeper.start()
     log.info(
         "warden listening on %s:%d (policy revision %s)",
         host,
         port,
         plane.policies.current().revision[:12],
     )
-    return Server(plane=plane, grpc_server=server, port=port, host=host, health=health_servicer)
+    return Server(
+        plane=plane,
+        grpc_server=server,
+        port=port,
+        host=host,
+        health=health_servicer,
+        sweeper=sweeper,
+    )

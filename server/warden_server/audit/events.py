@@ -55,7 +55,15 @@ COLUMNS: Final = (
 
 def now_iso() -> str:
     """The current UTC time as ISO 8601 with milliseconds, e.g. 2026-01-02T03:04:05.678Z."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso(datetime.now(UTC))
+
+
+def iso(moment: datetime) -> str:
+    """A UTC time as the store writes it: ISO 8601 with milliseconds and ``Z``.
+
+    One fixed width, so stored times compare correctly as text.
+    """
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(slots=True)

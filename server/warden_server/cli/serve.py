@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from pathlib import Path
 from typing import Any
 
 import click
@@ -21,6 +22,7 @@ from warden_server.policy.loader import PolicyLoadError
     "--log-level",
     default="INFO",
     show_default=True,
+    help="The lowest level of log message printed.",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
 )
 def serve(
@@ -31,7 +33,13 @@ def serve(
     from warden_server.plane import Plane
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    config = load(config_path, listen=listen, store=store, policies=policies)
+    # Paths given on the command line are relative to where the command runs.
+    config = load(
+        config_path,
+        listen=listen,
+        store=str(Path(store).resolve()) if store else None,
+        policies=str(Path(policies).resolve()) if policies else None,
+    )
     try:
         plane = Plane.from_config(config)
     except PolicyLoadError as exc:

@@ -5,6 +5,7 @@ No grant leaves the plane before its decision record is committed (SI-3).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from warden.shared.canonical import compact_json
 from warden.shared.redaction import scrub_text, sensitive_texts
-from warden_server.audit.events import AuditEvent
+from warden_server.approvals.audit import approval_event
+from warden_server.approvals.events import ApprovalChange
+from warden_server.audit.events import AuditEvent, iso
 from warden_server.grants import GrantClaims
-from warden_server.pipeline.approval import approval, iso
+from warden_server.pipeline.approval import approval, record_refused_use
 from warden_server.pipeline.authenticate import authenticate
 from warden_server.pipeline.authorize import authorize
 from warden_server.pipeline.context import BeginContext, BeginRequest
@@ -25,6 +28,7 @@ from warden_server.pipeline.policy import policy
 from warden_server.pipeline.resolve import resolve
 from warden_server.pipeline.validate import validate
 from warden_server.pipeline.visibility import visibility
+from warden_server.policy.engine import would_have
 from warden_server.store import (
     ApprovalRecord,
     IdempotencyRecord,
@@ -138,10 +142,10 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
 
     def work(tx: WriteTransaction) -> None:
         if ctx.consume_approval:
-            assert ctx.approval_id is not None
-            if not tx.consume_approval(ctx.approval_id, iso(ctx.now)):
+            assert ctx.approval is not None
+            if not tx.consume_approval(ctx.approval.approval_id, iso(ctx.now)):
                 raise ApprovalAlreadyUsed
-            tx.append_audit(_approval_event(ctx, "consumed"))
+            tx.append_audit(_approval_event(ctx, "consumed", ctx.approval))
         if reservation is not None and not tx.reserve_idempotency(reservation, iso(ctx.now)):
             raise KeyAlreadyReserved
         tx.insert_invocation(invocation)
@@ -149,6 +153,10 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
 
     # A grant is never committed once its requester has stopped waiting for it.
     plane.store.transact(work, deadline=request.deadline)
+    if ctx.consume_approval:
+        assert ctx.approval is not None
+        consumed = dataclasses.replace(ctx.approval, state="consumed")
+        plane.approval_events.publish([ApprovalChange("consumed", consumed)])
     token = plane.grants.sign(
         GrantClaims(
             invocation_id=request.invocation_id,
@@ -198,13 +206,16 @@ def _refuse(plane: Plane, ctx: BeginContext, failure: Failure) -> BeginResult:
     event = _decision_event(plane, ctx, "suspended" if suspended else "failed", failure)
     record = _approval_record(plane, ctx, expires) if suspended and expires is not None else None
 
-    def work(tx: WriteTransaction) -> None:
+    def work(tx: WriteTransaction) -> list[ApprovalChange]:
         tx.append_audit(event)
+        changes = record_refused_use(tx, ctx, failure)
         if record is not None:
             tx.insert_approval(record)
-            tx.append_audit(_approval_event(ctx, "requested"))
+            tx.append_audit(_approval_event(ctx, "requested", record))
+            changes.append(ApprovalChange("requested", record))
+        return changes
 
-    plane.store.transact(work)
+    plane.approval_events.publish(plane.store.transact(work))
     if suspended and expires is None and failure.details:
         expires = datetime.fromisoformat(failure.details["expires_at"])
     return BeginResult(
@@ -236,6 +247,9 @@ def _approval_record(plane: Plane, ctx: BeginContext, expires: datetime) -> Appr
         state="pending",
         created_at=iso(ctx.now),
         expires_at=iso(expires),
+        invocation_id=ctx.request.invocation_id,
+        policy_revision=ctx.policies.revision,
+        requester=compact_json(actor.to_cel()),
     )
 
 
@@ -281,22 +295,15 @@ def _decision_event(
     )
 
 
-def _approval_event(ctx: BeginContext, status: str) -> AuditEvent:
-    capability, actor = ctx.capability, ctx.actor
-    assert capability is not None and actor is not None
-    return AuditEvent(
-        kind="approval",
-        status=status,
-        invocation_id=ctx.request.invocation_id,
-        capability_id=capability.id,
-        capability_version=capability.version,
-        service=ctx.request.service.name,
-        actor_id=actor.id,
-        tenant=actor.tenant,
-        surface=ctx.request.surface,
+def _approval_event(ctx: BeginContext, status: str, record: ApprovalRecord) -> AuditEvent:
+    return approval_event(
+        status,
+        record.approval_id,
+        record,
+        actor=ctx.actor,
         policy_revision=ctx.policies.revision,
-        approval_id=ctx.approval_id,
-        input_digest=ctx.input_digest,
+        invocation_id=ctx.request.invocation_id,
+        surface=ctx.request.surface,
     )
 
 
@@ -309,13 +316,19 @@ def _rules_json(ctx: BeginContext) -> str | None:
     hiding = ctx.visibility.rule_id if ctx.visibility else None
     if not results and not deciding and not hiding:
         return None
-    if ctx.capability is not None and any("error" in r for r in results):
+    errors = ("error", "message_error")
+    if ctx.capability is not None and any(key in r for r in results for key in errors):
         # A CEL error message may quote the input it failed on (SI-5).
         secrets = sensitive_texts(ctx.input, ctx.capability.definition.input_schema)
         for result in results:
-            if "error" in result:
-                result["error"] = scrub_text(result["error"], secrets)
-    return compact_json({"decided_by": hiding or deciding, "evaluated": results})
+            for key in errors:
+                if key in result:
+                    result[key] = scrub_text(result[key], secrets)
+    recorded: dict[str, Any] = {"decided_by": hiding or deciding, "evaluated": results}
+    shadow = would_have(ctx.visibility, ctx.decision) if ctx.visibility else None
+    if shadow is not None:
+        recorded["would_have"] = shadow.outcome_json()
+    return compact_json(recorded)
 
 
 def _redacted_input(plane: Plane, ctx: BeginContext) -> str | None:

@@ -7,12 +7,11 @@ when the failure changed nothing (see ``idempotency.records_for_replay``).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from warden.shared.canonical import compact_json
+from warden.shared.canonical import canonical_json, compact_json, strict_loads
 from warden.shared.codes import STAGES
 from warden_server.audit.events import AuditEvent, now_iso
 from warden_server.auth.services import Service
@@ -82,8 +81,9 @@ def complete(plane: Plane, request: CompleteRequest) -> int:
     output = value = None
     if request.output_json:
         try:
-            value = json.loads(request.output_json)
-        except json.JSONDecodeError as exc:
+            value = strict_loads(request.output_json)
+            canonical_json(value)
+        except ValueError as exc:
             raise InvalidRequest(f"output_json is not valid JSON: {exc}") from None
         schema = capability.definition.output_schema if capability else {}
         output = compact_json(plane.redaction.value(value, schema))

@@ -120,6 +120,18 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
     db.table("approvals").create_index(["tenant", "state"])
 
 
+def _m002_approvals(db: sqlite_utils.Database) -> None:
+    """What deciding and expiring approvals need: the invocation and policy
+    revision that asked, the requester's claims for the approvers condition,
+    and an index for finding the approvals that are due to expire."""
+    table = db.table("approvals")
+    table.add_column("invocation_id", str)
+    table.add_column("policy_revision", str)
+    table.add_column("requester", str)
+    table.create_index(["state", "expires_at"])
+    table.create_index(["tenant", "created_at"])
+
+
 def _m003_idempotency(db: sqlite_utils.Database) -> None:
     db.table("idempotency_keys").create(
         {
@@ -152,7 +164,11 @@ def _m003_idempotency(db: sqlite_utils.Database) -> None:
     db.table("invocations").add_column("attempt", int)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial, _m003_idempotency]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _m001_initial,
+    _m002_approvals,
+    _m003_idempotency,
+]
 
 
 def migrate(conn: sqlite3.Connection) -> int:

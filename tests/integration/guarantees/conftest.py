@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,23 +12,11 @@ import pytest
 
 import warden
 from tests.conftest import ORDERS_TOKEN, Plant, make_config
+from tests.integration.approving import Clock
 from tests.integration.guarantees.lab import Ledger, build_payments, write_guarantees_policies
 from warden_server.app import Server, serve
 from warden_server.config import Config
 from warden_server.plane import Plane
-
-
-class FakeClock:
-    """The plane's clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = datetime.now(UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> None:
-        self.now += timedelta(**delta)
 
 
 def guarantees_config(tmp_path: Path, **sections: dict[str, Any]) -> Config:
@@ -42,8 +30,8 @@ def guarantees_config(tmp_path: Path, **sections: dict[str, Any]) -> Config:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> Clock:
+    return Clock()
 
 
 @pytest.fixture
@@ -64,7 +52,7 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Plant]]:
 
 
 @pytest.fixture
-def pay_plant(launch: Callable[..., Plant], clock: FakeClock) -> Plant:
+def pay_plant(launch: Callable[..., Plant], clock: Clock) -> Plant:
     return launch(clock=clock, idempotency={"replay_key": "test-replay-key-0123456789"})
 
 

@@ -29,7 +29,15 @@ rules:
     capabilities: ["orders.pay"]
     effect: deny
     # Breaks on purpose for note "cel": the CEL error quotes the card number.
-    when: has(input.note) && input.note == "cel" && input.card.number.digits == 1
+    # dyn() keeps the policy checker from refusing the field a string lacks.
+    when: has(input.note) && input.note == "cel" && dyn(input.card.number).digits == 1
+  - id: broken-message-rule
+    capabilities: ["orders.pay"]
+    effect: deny
+    # Breaks on purpose for note "message": the message_expr error quotes the card number.
+    when: has(input.note) && input.note == "message"
+    message_expr: '"card " + dyn(input.card.number).digits'
+    message: "This payment cannot be made."
   - id: lucky-payments-need-approval
     capabilities: ["orders.pay"]
     effect: require_approval

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import uuid
 from collections.abc import Callable
@@ -14,7 +13,7 @@ import pytest
 
 import warden
 from tests.conftest import ORDERS_TOKEN, Plant
-from tests.integration.guarantees.conftest import FakeClock
+from tests.integration.approving import Clock, approver
 from tests.integration.guarantees.lab import Ledger, PayOut, build_payments
 from warden.v1 import governor_pb2, governor_pb2_grpc
 
@@ -239,7 +238,7 @@ def test_a_failure_before_the_handler_changed_anything_releases_the_key(
 
 
 def test_keys_expire_after_the_window(
-    payments: warden.Runtime, pay_plant: Plant, ledger: Ledger, clock: FakeClock
+    payments: warden.Runtime, pay_plant: Plant, ledger: Ledger, clock: Clock
 ) -> None:
     actor = pay_plant.token()
     first = payments.invoke("orders.pay", pay_input(), actor=actor, idempotency_key="k-7")
@@ -255,7 +254,7 @@ def test_keys_expire_after_the_window(
 
 
 def test_the_window_is_configurable(
-    launch: Callable[..., Plant], clock: FakeClock, ledger: Ledger
+    launch: Callable[..., Plant], clock: Clock, ledger: Ledger
 ) -> None:
     plant = launch(clock=clock, idempotency={"window": "90s"})
     rt = build_payments(plant.target, ORDERS_TOKEN, ledger)
@@ -271,7 +270,7 @@ def test_the_window_is_configurable(
 
 
 def test_an_outcome_that_never_arrived_is_ambiguous_and_never_rerun(
-    payments: warden.Runtime, pay_plant: Plant, ledger: Ledger, clock: FakeClock
+    payments: warden.Runtime, pay_plant: Plant, ledger: Ledger, clock: Clock
 ) -> None:
     actor = pay_plant.token()
     # A service took the grant and died mid-handler: no Complete ever came.
@@ -319,20 +318,6 @@ def test_an_outcome_that_never_arrived_is_ambiguous_and_never_rerun(
     assert ledger.runs() == 0
 
 
-def approve(plant: Plant, approval_id: str) -> None:
-    """Decide an approval the way an approver's decision lands in the store."""
-    conn = sqlite3.connect(plant.db_path)
-    try:
-        conn.execute(
-            "UPDATE approvals SET state = 'approved', decided_by = 'manager-1' "
-            "WHERE approval_id = ?",
-            (approval_id,),
-        )
-        conn.commit()
-    finally:
-        conn.close()
-
-
 def test_an_idempotent_resume_after_approval(
     payments: warden.Runtime, pay_plant: Plant, ledger: Ledger
 ) -> None:
@@ -341,7 +326,8 @@ def test_an_idempotent_resume_after_approval(
     suspended = payments.invoke("orders.pay", arguments, actor=actor, idempotency_key="k-10")
     assert suspended.status == "suspended" and suspended.approval_id
     assert key_row(pay_plant, "k-10") is None, "a suspension reserves nothing"
-    approve(pay_plant, suspended.approval_id)
+    with approver(pay_plant) as approvals:
+        assert approvals.approve(suspended.approval_id).state == "approved"
 
     resumed = payments.invoke(
         "orders.pay",

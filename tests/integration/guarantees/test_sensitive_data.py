@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -16,13 +15,14 @@ import pytest
 
 import warden
 from tests.conftest import ORDERS_TOKEN, Plant
+from tests.integration.approving import approver
 from tests.integration.guarantees.lab import Ledger, build_payments
 
 HASH_KEY = "test-redaction-hash-key-0123"
 
 
 def drive_every_path(rt: warden.Runtime, plant: Plant, marker: str) -> dict[str, warden.Envelope]:
-    """Success, replay, denial, broken policy, approval (requested and resumed),
+    """Success, replay, denial, broken policy and message, approval (requested and resumed),
     timeout, output-invalid, an exception and a declared error, all carrying
     the marker as the card number."""
     actor = plant.token()
@@ -38,6 +38,7 @@ def drive_every_path(rt: warden.Runtime, plant: Plant, marker: str) -> dict[str,
         "replay": pay(11, idempotency_key="si5"),
         "denial": pay(5_000),
         "broken-policy": pay(note="cel"),
+        "broken-message": pay(note="message"),
         "approval": pay(777),
         "timeout": pay(note="slow:300", timeout_ms=50, retry=warden.NO_RETRY),
         "output-invalid": pay(note="lie"),
@@ -46,14 +47,8 @@ def drive_every_path(rt: warden.Runtime, plant: Plant, marker: str) -> dict[str,
     }
     approval_id = envelopes["approval"].approval_id
     assert approval_id
-    conn = sqlite3.connect(plant.db_path)
-    try:
-        conn.execute(
-            "UPDATE approvals SET state = 'approved' WHERE approval_id = ?", (approval_id,)
-        )
-        conn.commit()
-    finally:
-        conn.close()
+    with approver(plant) as approvals:
+        assert approvals.approve(approval_id).state == "approved"
     envelopes["approved"] = pay(777, approval_id=approval_id)
     return envelopes
 
@@ -94,6 +89,7 @@ def test_si5_a_sensitive_marker_appears_nowhere(
         "replay": ("succeeded", None),
         "denial": ("failed", "POLICY_DENIED"),
         "broken-policy": ("failed", "POLICY_FAILED"),
+        "broken-message": ("failed", "POLICY_DENIED"),
         "approval": ("suspended", "APPROVAL_REQUIRED"),
         "timeout": ("failed", "TIMEOUT"),
         "output-invalid": ("failed", "OUTPUT_INVALID"),
@@ -130,6 +126,14 @@ def test_si5_a_sensitive_marker_appears_nowhere(
     assert "Traceback" in explode["stack"] and "[REDACTED]" in explode["stack"]
     broken = next(r for r in rows if r["code"] == "POLICY_FAILED")
     assert "[REDACTED]" in broken["rules"] and "does not support field selection" in broken["rules"]
+    (message,) = [
+        json.loads(r["rules"])
+        for r in rows
+        if r["kind"] == "decision"
+        and r["invocation_id"] == envelopes["broken-message"].invocation_id
+    ]
+    (evaluated,) = [e for e in message["evaluated"] if e["id"] == "broken-message-rule"]
+    assert "[REDACTED]" in evaluated["message_error"]
     cards = [json.loads(r["input"])["card"] for r in rows if r["input"] and r["kind"] == "decision"]
     (approval,) = plant.rows("SELECT input FROM approvals")
     cards.append(json.loads(approval["input"])["card"])
