@@ -12,23 +12,38 @@ env = rt.invoke("orders.refund", {"order_id": "A1", "amount": 730}, actor=ACTOR_
 """
 
 from warden._approvals import Approval, ApprovalEvent, Approvals
+from warden._cancel import CancelToken
 from warden._context import Actor, Context, DeclaredError
 from warden._envelope import Envelope, unwrap
 from warden._errors import ApprovalError, CapabilityError, WardenError
+from warden._grants import GrantKey, GrantVerificationError, verify_grant
+from warden._markers import ModelHidden, Sensitive
+from warden._retry import NO_RETRY, RetryPolicy, may_retry
 from warden._runtime import RegisteredCapability, Runtime
+from warden.shared.grant_token import GrantClaims
 
 __all__ = [
+    "NO_RETRY",
     "Actor",
     "Approval",
     "ApprovalError",
     "ApprovalEvent",
     "Approvals",
+    "CancelToken",
     "CapabilityError",
     "Context",
     "DeclaredError",
     "Envelope",
+    "GrantClaims",
+    "GrantKey",
+    "GrantVerificationError",
+    "ModelHidden",
     "RegisteredCapability",
+    "RetryPolicy",
     "Runtime",
+    "Sensitive",
     "WardenError",
+    "may_retry",
     "unwrap",
+    "verify_grant",
 ]

@@ -70,8 +70,11 @@ class Context:
         actor: Who the call is made for.
         invocation_id: This attempt's id (it is in the audit log).
         errors: The capability's declared errors: ``raise ctx.errors.NOT_ELIGIBLE()``.
+        grant_token: The plane's signed grant for this invocation; pass it to a
+            downstream service, which checks it with ``warden.verify_grant``.
     """
 
     actor: Actor
     invocation_id: str
     errors: DeclaredErrors
+    grant_token: str = ""

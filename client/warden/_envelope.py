@@ -23,6 +23,14 @@ class Envelope:
         invocation_id: This attempt's id, on every envelope.
         executed_before_failure: The handler ran before the failure, so side
             effects may exist.
+        model_output: The output as a model may see it: JSON, without the
+            fields marked ``x-warden-model-visible: false`` (``succeeded`` only).
+            Adapters hand models this, never ``output``.
+        call_id: The logical call: every automatic retry of it is an attempt
+            with its own ``invocation_id`` and audit records, all under this id.
+        attempt: Which attempt answered, from 1.
+        replayed_from: Set when the answer is the recorded outcome of an
+            earlier call with the same idempotency key: that call's invocation id.
     """
 
     status: Status
@@ -31,6 +39,10 @@ class Envelope:
     error: CapabilityError | None = None
     approval_id: str | None = None
     executed_before_failure: bool = False
+    model_output: Any = None
+    call_id: str = ""
+    attempt: int = 1
+    replayed_from: str | None = None
 
     @property
     def ok(self) -> bool:

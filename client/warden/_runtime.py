@@ -1,45 +1,58 @@
 """The Runtime: register capabilities, and invoke them under governance.
 
-``invoke`` asks the plane for the pre-execution stages (``Begin``), runs the
-handler locally within its time budget, classifies what it raised, validates
-its output and reports the outcome (``Complete``). Governed failures come back
-as envelopes, never as exceptions.
+``invoke`` runs a call as one or more attempts (``_execution``): each asks the
+plane for the pre-execution stages (``Begin``), runs the handler locally
+within its time budget, classifies what it raised, validates its output and
+reports the outcome (``Complete``). A failed attempt is retried only when
+that is honest (SI-11, ``_retry``). Governed failures come back as envelopes,
+never as exceptions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextvars
-import functools
+import contextlib
 import json
 import logging
 import threading
-import time
-import traceback
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
+from warden._cancel import CancelToken
 from warden._capability import CapabilitySpec, ErrorSpec, SideEffect, build_spec
-from warden._context import Actor, Context, DeclaredErrors
-from warden._envelope import Envelope, Status
+from warden._envelope import Envelope
 from warden._errors import CapabilityError, WardenError
+from warden._execution import AttemptRunner, CancelledAfterOutcome, uncancel
+from warden._grants import GrantKey
+from warden._retry import RetryPolicy, may_retry
 from warden._transport import Transport
 from warden.shared.canonical import compact_json
-from warden.shared.schema import redact, validation_issues
-from warden.v1 import errors_pb2, governor_pb2, registry_pb2
+from warden.v1 import governor_pb2, registry_pb2
 
 log = logging.getLogger("warden")
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
 
-class OutputInvalidError(Exception):
-    """The handler's output broke its schema (a private cause: never shown to models)."""
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One logical call: what every attempt of it sends."""
+
+    capability_id: str
+    input_json: str
+    actor: str
+    context_json: str
+    surface: str
+    approval_id: str
+    idempotency_key: str
+    timeout_ms: int
+    retry: RetryPolicy
+    call_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +93,8 @@ class Runtime:
         governance_timeout_ms: How long to wait for the plane before failing
             closed with GOVERNANCE_UNAVAILABLE.
         max_handler_threads: Threads that run synchronous handlers.
+        retry: How calls retry by default (``RetryPolicy()``: up to three
+            attempts); ``warden.NO_RETRY`` turns automatic retries off.
     """
 
     def __init__(
@@ -90,9 +105,11 @@ class Runtime:
         token: str,
         governance_timeout_ms: int = 5_000,
         max_handler_threads: int = 32,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.target = target
         self.service = service
+        self.retry = retry or RetryPolicy()
         self._transport = Transport(target, token, timeout_s=governance_timeout_ms / 1000)
         self._capabilities: dict[str, CapabilitySpec] = {}
         self._versions: dict[str, str] = {}
@@ -101,6 +118,7 @@ class Runtime:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_handler_threads, thread_name_prefix="warden-handler"
         )
+        self._attempts = AttemptRunner(self._transport, self._executor)
         self._loop_thread: _LoopThread | None = None
         self._loop_lock = threading.Lock()
 
@@ -194,6 +212,8 @@ class Runtime:
         approval_id: str | None = None,
         idempotency_key: str | None = None,
         timeout_ms: int | None = None,
+        retry: RetryPolicy | None = None,
+        cancel: CancelToken | None = None,
     ) -> Envelope:
         """Invoke a capability for an actor; see ``ainvoke``."""
         return self._sync(
@@ -206,6 +226,8 @@ class Runtime:
                 approval_id=approval_id,
                 idempotency_key=idempotency_key,
                 timeout_ms=timeout_ms,
+                retry=retry,
+                cancel=cancel,
             )
         )
 
@@ -220,6 +242,8 @@ class Runtime:
         approval_id: str | None = None,
         idempotency_key: str | None = None,
         timeout_ms: int | None = None,
+        retry: RetryPolicy | None = None,
+        cancel: CancelToken | None = None,
     ) -> Envelope:
         """Invoke a capability for an actor under governance.
 
@@ -230,212 +254,117 @@ class Runtime:
             context: Attributes for policies (``context`` in CEL).
             surface: ``direct`` (default), ``mcp`` or ``openai``.
             approval_id: Resume a suspended call with this approval.
-            idempotency_key: Deduplicates repeats of the same call.
-            timeout_ms: A time budget below the capability's.
+            idempotency_key: Deduplicates repeats of the same call: a repeat
+                gets the first call's recorded outcome, and the handler runs
+                at most once (SPEC §8).
+            timeout_ms: A time budget for the handler; the capability's
+                budget applies when this one is longer.
+            retry: How this call retries (the runtime's policy by default).
+                Whether it retries is not configurable: see ``may_retry``.
+            cancel: A token that cancels the call from any thread.
 
         Returns:
             An Envelope; governed failures are values, never raised.
+
+        Raises:
+            WardenError: ``timeout_ms`` is not positive.
         """
+        if timeout_ms is not None and timeout_ms <= 0:
+            raise WardenError("timeout_ms must be positive")
+        call = _Call(
+            capability_id=capability_id,
+            input_json=_encode_input(input),
+            actor=actor or "",
+            context_json=compact_json(dict(context or {})),
+            surface=surface,
+            approval_id=approval_id or "",
+            idempotency_key=idempotency_key or "",
+            timeout_ms=timeout_ms or 0,
+            retry=retry or self.retry,
+        )
+        with cancel.bound_to_current_task() if cancel else contextlib.nullcontext():
+            return await self._call(call, cancel)
+
+    async def _call(self, call: _Call, cancel: CancelToken | None) -> Envelope:
+        """Attempts until one answers for good, or retrying is no longer honest."""
+        spec = self._capabilities.get(call.capability_id)
+        side_effect = spec.side_effect if spec else None
+        attempt = 1
+        while True:
+            if cancel is not None and cancel.cancelled:
+                cancelled = CapabilityError("CANCELLED")
+                return Envelope(
+                    "cancelled",
+                    str(uuid.uuid4()),
+                    error=cancelled,
+                    call_id=call.call_id,
+                    attempt=attempt,
+                )
+            try:
+                envelope = await self._attempt(call, attempt)
+            except CancelledAfterOutcome as late:
+                return replace(late.envelope, call_id=call.call_id, attempt=attempt)
+            if attempt >= call.retry.max_attempts or not may_retry(
+                envelope, side_effect, call.idempotency_key
+            ):
+                return envelope
+            assert envelope.error is not None
+            delay = call.retry.delay_s(attempt, envelope)
+            log.info(
+                "retrying %s (call %s) in %.0f ms after attempt %d failed with %s",
+                call.capability_id,
+                call.call_id,
+                delay * 1000,
+                attempt,
+                envelope.error.code,
+            )
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                uncancel()
+                return replace(envelope, status="cancelled", error=CapabilityError("CANCELLED"))
+            attempt += 1
+
+    async def _attempt(self, call: _Call, attempt: int) -> Envelope:
+        """One attempt, as an envelope stamped with its call and attempt number."""
         invocation_id = str(uuid.uuid4())
         try:
             await self._ensure_registered()
         except WardenError as exc:
             error = CapabilityError("GOVERNANCE_UNAVAILABLE", retryable=exc.transient, cause=exc)
-            return Envelope("failed", invocation_id, error=error)
-        spec = self._capabilities.get(capability_id)
-        request = governor_pb2.BeginRequest(
-            invocation_id=invocation_id,
-            capability_id=capability_id,
-            capability_version=self._versions.get(capability_id, ""),
-            actor_token=actor or "",
-            input_json=_encode_input(input),
-            surface=surface,
-            context_json=compact_json(dict(context or {})),
-            approval_id=approval_id or "",
-            idempotency_key=idempotency_key or "",
-        )
-        try:
-            response = await self._transport.begin(request)
-        except CapabilityError as error:
-            return Envelope("failed", invocation_id, error=error)
-        outcome = response.WhichOneof("outcome")
-        if outcome == "failure":
-            return Envelope("failed", invocation_id, error=_error_from_proto(response.failure))
-        if outcome == "suspension":
-            suspension = response.suspension
-            return Envelope(
-                "suspended",
-                invocation_id,
-                error=_error_from_proto(suspension.failure),
-                approval_id=suspension.approval_id,
-            )
-        if spec is None:
-            # Granted for a capability this runtime serves no handler for.
-            return await self._report(
-                invocation_id,
-                response.grant.token,
-                None,
-                CapabilityError(
-                    "INTERNAL_ERROR", cause=WardenError(f"no handler for {capability_id} here")
-                ),
-                executed=False,
-                started=time.monotonic(),
-            )
-        return await self._execute(spec, invocation_id, response.grant, timeout_ms)
-
-    async def _execute(
-        self,
-        spec: CapabilitySpec,
-        invocation_id: str,
-        grant: governor_pb2.Grant,
-        timeout_ms: int | None,
-    ) -> Envelope:
-        started = time.monotonic()
-        attrs = json.loads(grant.actor.attrs_json) if grant.actor.attrs_json else {}
-        ctx = Context(
-            actor=Actor(
-                id=grant.actor.id,
-                roles=tuple(grant.actor.roles),
-                tenant=grant.actor.tenant,
-                attrs=attrs,
-            ),
-            invocation_id=invocation_id,
-            errors=DeclaredErrors(spec.errors),
-        )
-        try:
-            model = spec.input_model.model_validate_json(grant.input_json)
-        except ValidationError as exc:
-            error = CapabilityError(
-                "INPUT_INVALID", details={"issues": _pydantic_issues(exc)}, cause=exc
-            )
-            return await self._report(
-                invocation_id, grant.token, spec, error, executed=False, started=started
-            )
-        budget_ms = (
-            min(filter(None, (timeout_ms, grant.timeout_ms)))
-            if (timeout_ms or grant.timeout_ms)
-            else None
-        )
-        ran = threading.Event()
-        try:
-            result = await asyncio.wait_for(
-                self._run(spec, model, ctx, ran), budget_ms / 1000 if budget_ms else None
-            )
-        except TimeoutError as exc:
-            error = CapabilityError("TIMEOUT", cause=exc)
-            return await self._report(
-                invocation_id, grant.token, spec, error, executed=ran.is_set(), started=started
-            )
+            envelope = Envelope("failed", invocation_id, error=error)
         except asyncio.CancelledError:
-            # The caller cancelled while the handler ran: the answer is an envelope
-            # with status cancelled, reported like every other outcome.
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            error = CapabilityError("CANCELLED")
-            return await asyncio.shield(
-                self._report(
-                    invocation_id, grant.token, spec, error, executed=ran.is_set(), started=started
-                )
-            )
-        except CapabilityError as raised:
-            declared = spec.errors.get(raised.code)
-            if declared is not None and raised.expose_to_model:
-                return await self._report(
-                    invocation_id, grant.token, spec, raised, executed=False, started=started
-                )
-            error = CapabilityError("INTERNAL_ERROR", cause=raised)
-            return await self._report(
-                invocation_id, grant.token, spec, error, executed=True, started=started
-            )
-        except Exception as exc:
-            error = CapabilityError("INTERNAL_ERROR", cause=exc)
-            return await self._report(
-                invocation_id, grant.token, spec, error, executed=True, started=started
-            )
-        try:
-            output_json, output = _checked_output(spec, result)
-        except OutputInvalidError as exc:
-            error = CapabilityError("OUTPUT_INVALID", cause=exc)
-            return await self._report(
-                invocation_id, grant.token, spec, error, executed=True, started=started
-            )
-        return await self._report(
-            invocation_id,
-            grant.token,
-            spec,
-            None,
-            executed=True,
-            started=started,
-            output_json=output_json,
-            output=output,
-        )
-
-    async def _run(
-        self, spec: CapabilitySpec, model: BaseModel, ctx: Context, ran: threading.Event
-    ) -> Any:
-        if spec.is_async:
-            ran.set()
-            return await spec.handler(model, ctx)
-
-        def call() -> Any:
-            ran.set()
-            return spec.handler(model, ctx)
-
-        loop = asyncio.get_running_loop()
-        copy = contextvars.copy_context()
-        return await loop.run_in_executor(self._executor, functools.partial(copy.run, call))
-
-    async def _report(
-        self,
-        invocation_id: str,
-        grant_token: str,
-        spec: CapabilitySpec | None,
-        error: CapabilityError | None,
-        *,
-        executed: bool,
-        started: float,
-        output_json: Any = None,
-        output: Any = None,
-    ) -> Envelope:
-        """Step 14: report the outcome, then answer with the envelope."""
-        duration_ms = int((time.monotonic() - started) * 1000)
-        request = governor_pb2.CompleteRequest(
-            invocation_id=invocation_id,
-            grant_token=grant_token,
-            executed_before_failure=executed and error is not None,
-            duration_ms=duration_ms,
-        )
-        if error is None:
-            request.status = governor_pb2.OUTCOME_STATUS_SUCCEEDED
-            if spec is not None:
-                request.output_json = compact_json(redact(output_json, spec.output_schema))
+            uncancel()
+            envelope = Envelope("cancelled", invocation_id, error=CapabilityError("CANCELLED"))
         else:
-            cancelled = error.code == "CANCELLED"
-            request.status = (
-                governor_pb2.OUTCOME_STATUS_CANCELLED
-                if cancelled
-                else governor_pb2.OUTCOME_STATUS_FAILED
+            request = governor_pb2.BeginRequest(
+                invocation_id=invocation_id,
+                capability_id=call.capability_id,
+                capability_version=self._versions.get(call.capability_id, ""),
+                actor_token=call.actor,
+                input_json=call.input_json,
+                surface=call.surface,
+                context_json=call.context_json,
+                approval_id=call.approval_id,
+                idempotency_key=call.idempotency_key,
+                call_id=call.call_id,
+                attempt=attempt,
+                timeout_ms=call.timeout_ms,
             )
-            request.failure.CopyFrom(_error_to_proto(error))
-            request.diagnostics.CopyFrom(_diagnostics(error.cause))
-        try:
-            await self._transport.complete(request)
-        except CapabilityError as report_error:
-            log.error(
-                "the outcome of invocation %s could not be reported: %s",
-                invocation_id,
-                report_error.cause,
-            )
-        if error is None:
-            return Envelope("succeeded", invocation_id, output=output)
-        status: Status = "cancelled" if error.code == "CANCELLED" else "failed"
-        return Envelope(
-            status,
-            invocation_id,
-            error=error,
-            executed_before_failure=request.executed_before_failure,
-        )
+            envelope = await self._attempts.run(self._capabilities.get(call.capability_id), request)
+        return replace(envelope, call_id=call.call_id, attempt=attempt)
+
+    async def agrant_keys(self) -> list[GrantKey]:
+        """The async twin of ``grant_keys``."""
+        return await self._transport.grant_keys()
+
+    def grant_keys(self) -> list[GrantKey]:
+        """The public keys the plane signs grants with, for ``warden.verify_grant``.
+
+        Raises:
+            WardenError: the plane could not be asked.
+        """
+        return self._sync(self.agrant_keys())
 
     async def _ensure_registered(self) -> None:
         if not self._registered and self._capabilities:
@@ -479,74 +408,3 @@ def _encode_input(value: Mapping[str, Any] | BaseModel) -> str:
         return json.dumps(value, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):
         return ""
-
-
-def _checked_output(spec: CapabilitySpec, result: Any) -> tuple[Any, BaseModel]:
-    if isinstance(result, BaseModel):
-        if not isinstance(result, spec.output_model):
-            raise OutputInvalidError(
-                f"handler returned {type(result).__name__}, not {spec.output_model.__name__}"
-            )
-        value = result.model_dump(mode="json")
-    else:
-        value = result
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise OutputInvalidError(f"output is not JSON: {type(exc).__name__}") from None
-    issues = validation_issues(spec.output_validator, value)
-    if issues:
-        raise OutputInvalidError(
-            "output does not match its schema: "
-            + "; ".join(f"{i.path or '/'} {i.message}" for i in issues)
-        )
-    try:
-        return value, spec.output_model.model_validate(value)
-    except ValidationError as exc:
-        raise OutputInvalidError(
-            f"output does not match its model: {exc.error_count()} errors"
-        ) from None
-
-
-def _pydantic_issues(exc: ValidationError) -> list[dict[str, str]]:
-    return sorted(
-        (
-            {"path": "".join(f"/{p}" for p in e["loc"]), "message": e["msg"]}
-            for e in exc.errors(include_input=False, include_url=False)
-        ),
-        key=lambda i: (i["path"], i["message"]),
-    )
-
-
-def _error_from_proto(failure: errors_pb2.Failure) -> CapabilityError:
-    details = json.loads(failure.details_json) if failure.details_json else None
-    return CapabilityError(
-        failure.code,
-        failure.public_message,
-        stage=failure.stage,
-        retryable=failure.retryable,
-        expose_to_model=failure.exposed,
-        details=details,
-    )
-
-
-def _error_to_proto(error: CapabilityError) -> errors_pb2.Failure:
-    return errors_pb2.Failure(
-        code=error.code,
-        stage=error.stage,
-        public_message=error.public_message,
-        retryable=error.retryable,
-        exposed=error.expose_to_model,
-        details_json=compact_json(error.details) if error.details else "",
-    )
-
-
-def _diagnostics(cause: BaseException | None) -> governor_pb2.Diagnostics:
-    if cause is None:
-        return governor_pb2.Diagnostics()
-    stack = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
-    return governor_pb2.Diagnostics(
-        cause_type=f"{type(cause).__module__}.{type(cause).__qualname__}",
-        cause_message=str(cause),
-        stack=stack,
-    )

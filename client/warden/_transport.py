@@ -11,12 +11,15 @@ import grpc
 import grpc.aio
 
 from warden._errors import ApprovalError, CapabilityError, WardenError
+from warden._grants import GrantKey
 from warden.shared.wire import ACTOR_TOKEN_METADATA, BEARER, SERVICE_TOKEN_METADATA
 from warden.v1 import (
     approvals_pb2,
     approvals_pb2_grpc,
     governor_pb2,
     governor_pb2_grpc,
+    grants_pb2,
+    grants_pb2_grpc,
     registry_pb2,
     registry_pb2_grpc,
 )
@@ -33,6 +36,7 @@ class _Stubs:
         self.channel = channel
         self.governor = governor_pb2_grpc.GovernorStub(channel)
         self.registry = registry_pb2_grpc.RegistryStub(channel)
+        self.grant_keys = grants_pb2_grpc.GrantKeysStub(channel)
 
 
 class Transport:
@@ -87,6 +91,20 @@ class Transport:
                 transient=exc.code() in _TRANSIENT,
             ) from None
         return response
+
+    async def grant_keys(self) -> list[GrantKey]:
+        """The plane's published grant keys; raises WardenError when it cannot be asked."""
+        stubs = self._for_loop()
+        try:
+            response: grants_pb2.ListGrantKeysResponse = await stubs.grant_keys.ListGrantKeys(
+                grants_pb2.ListGrantKeysRequest(), timeout=self._timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise WardenError(
+                f"listing grant keys at {self.target} failed ({exc.code().name}): {exc.details()}",
+                transient=exc.code() in _TRANSIENT,
+            ) from None
+        return [GrantKey(k.key_id, k.public_key_pem, k.signing) for k in response.keys]
 
     async def list_capabilities(
         self, request: registry_pb2.ListCapabilitiesRequest

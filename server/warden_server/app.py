@@ -15,6 +15,8 @@ from warden.v1 import (
     approvals_pb2_grpc,
     governor_pb2,
     governor_pb2_grpc,
+    grants_pb2,
+    grants_pb2_grpc,
     policy_pb2,
     policy_pb2_grpc,
     registry_pb2,
@@ -24,6 +26,7 @@ from warden_server.approvals.expiry import Sweeper
 from warden_server.plane import Plane
 from warden_server.services.approvals import ApprovalsServicer
 from warden_server.services.governor import GovernorServicer
+from warden_server.services.grants import GrantKeysServicer
 from warden_server.services.policies import PoliciesServicer
 from warden_server.services.registry import RegistryServicer
 
@@ -34,6 +37,7 @@ SERVICE_NAMES = (
     registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
     policy_pb2.DESCRIPTOR.services_by_name["Policies"].full_name,
     approvals_pb2.DESCRIPTOR.services_by_name["Approvals"].full_name,
+    grants_pb2.DESCRIPTOR.services_by_name["GrantKeys"].full_name,
 )
 
 
@@ -95,6 +99,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     registry_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(plane), server)
     policy_pb2_grpc.add_PoliciesServicer_to_server(PoliciesServicer(plane), server)
     approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(plane), server)
+    grants_pb2_grpc.add_GrantKeysServicer_to_server(GrantKeysServicer(plane), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -1,7 +1,8 @@
 """Typed configuration: one model per section of ``warden.toml``.
 
 Secrets come from the file or from the environment (``WARDEN_ACTORS_HS256_SECRET``,
-``WARDEN_SERVICE_<NAME>_TOKEN``), never from code. ``load_config`` takes the
+``WARDEN_SERVICE_<NAME>_TOKEN``, ``WARDEN_REDACTION_HASH_KEY``,
+``WARDEN_IDEMPOTENCY_REPLAY_KEY``), never from code. ``load_config`` takes the
 environment as an argument so that tests never patch ``os.environ``.
 """
 
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from warden_server.policy.model import parse_duration
 
 _NAMESPACE = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
 
@@ -50,6 +53,9 @@ class ServerSection(_Section):
     """How long an approval request stays open when its rule gives no ttl."""
     workers: Annotated[int, Field(gt=0)] = 16
     """Threads serving RPCs."""
+    request_deadline_ms: Annotated[int, Field(gt=0)] = 5_000
+    """The plane's own time budget per request (shortened by the caller's gRPC
+    deadline). A Begin that runs out of time fails closed and never commits a grant."""
     approval_sweep_seconds: Annotated[float, Field(gt=0)] = 15.0
     """How often the plane marks approvals whose time is up as expired (and tells
     watchers). Expiry is enforced at every use regardless; this keeps states honest."""
@@ -121,6 +127,50 @@ class GrantsSection(_Section):
     """PEM Ed25519 private key that signs grants; a fresh key per start when unset."""
     ttl_seconds: Annotated[int, Field(gt=0)] = 60
     """How long a grant stays valid beyond its handler's time budget."""
+    verification_key_files: list[str] = []
+    """Ed25519 keys (PEM, public or private) published and accepted beside the
+    signing key but never signing: the next key before a rotation, the previous
+    one until its grants have expired."""
+
+
+class IdempotencySection(_Section):
+    window: str = "24h"
+    """How long a key is remembered (a duration: 90s, 30m, 24h, 7d). Make it
+    longer than any handler's time budget."""
+    replay_key: str | None = Field(default=None, repr=False)
+    """Seals recorded outputs for replay (or WARDEN_IDEMPOTENCY_REPLAY_KEY),
+    at least 16 characters. When unset, a fresh key per start: outputs recorded
+    before a restart cannot be replayed after it."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> IdempotencySection:
+        if parse_duration(self.window) <= 0:
+            raise ValueError("window must be longer than zero")
+        if self.replay_key is not None and len(self.replay_key) < 16:
+            raise ValueError("replay_key must be at least 16 characters")
+        return self
+
+    @property
+    def window_seconds(self) -> int:
+        return parse_duration(self.window)
+
+
+class RedactionSection(_Section):
+    mode: Literal["mask", "keyed-hash"] = "mask"
+    """How sensitive values are stored (SI-5): "mask" writes [REDACTED];
+    "keyed-hash" writes hmac-sha256:<hex> under hash_key, so equal values can be
+    correlated without being revealed."""
+    hash_key: str | None = Field(default=None, repr=False)
+    """The HMAC key for keyed-hash (or WARDEN_REDACTION_HASH_KEY), at least 16 characters."""
+
+    @model_validator(mode="after")
+    def _key_for_hashing(self) -> RedactionSection:
+        if self.mode == "keyed-hash" and (self.hash_key is None or len(self.hash_key) < 16):
+            raise ValueError(
+                "mode keyed-hash needs hash_key of at least 16 characters "
+                "(or WARDEN_REDACTION_HASH_KEY in the environment)"
+            )
+        return self
 
 
 class Config(_Section):
@@ -128,6 +178,8 @@ class Config(_Section):
     actors: ActorsSection
     services: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$")], ServiceSection] = {}
     grants: GrantsSection = GrantsSection()
+    idempotency: IdempotencySection = IdempotencySection()
+    redaction: RedactionSection = RedactionSection()
     base_dir: Path = Path()
     """The folder relative paths are resolved against (the config file's)."""
 
@@ -218,6 +270,12 @@ def config_from_dict(
             section["token"] = token
             section.pop("token_sha256", None)
     merged["services"] = services
+    for table, key, env_key in (
+        ("redaction", "hash_key", "WARDEN_REDACTION_HASH_KEY"),
+        ("idempotency", "replay_key", "WARDEN_IDEMPOTENCY_REPLAY_KEY"),
+    ):
+        if secret := environ.get(env_key):
+            merged[table] = {**_table(merged.get(table)), key: secret}
     merged["base_dir"] = base_dir
     try:
         return Config.model_validate(merged)

@@ -1,108 +1,96 @@
 """Grants: Ed25519-signed, expiring permission to run one handler once.
 
-A grant is a JWT (``alg: EdDSA``) bound to the invocation id, capability id and
-version, actor and input digest. ``Complete`` presents it; a downstream service
-can verify it with the plane's public key without calling the plane.
+A grant is a JWT (``alg: EdDSA``, see ``warden.shared.grant_token``) bound to
+the invocation id, capability id and version, actor and input digest.
+``Complete`` presents it; a downstream service verifies it with the public
+keys the plane publishes (``GrantKeys.ListGrantKeys``) without calling the plane.
+
+Rotation: the signing key signs; verification keys are published and accepted
+but never sign. To rotate, publish the new key as a verification key first,
+then make it the signing key and keep the old one as a verification key until
+the grants it signed have expired (their time budget plus ``grants.ttl_seconds``).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import jwt
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-GRANT_ISSUER = "warden"
+from warden.shared import grant_token
+from warden.shared.grant_token import GrantClaims, GrantError
 
-
-class GrantError(Exception):
-    """A presented grant is forged, expired or bound to something else."""
+__all__ = ["GrantClaims", "GrantError", "GrantSigner", "PublishedKey"]
 
 
 @dataclass(frozen=True, slots=True)
-class GrantClaims:
-    invocation_id: str
-    capability_id: str
-    capability_version: str
-    service: str
-    actor_id: str
-    input_digest: str
-    expires_at: int
+class PublishedKey:
+    key_id: str
+    public_key_pem: str
+    signing: bool
 
 
 class GrantSigner:
-    """Signs grants with one Ed25519 key and verifies the plane's own grants."""
+    """Signs grants with one Ed25519 key; verifies with it and the verification keys."""
 
-    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+    def __init__(
+        self,
+        private_key: Ed25519PrivateKey,
+        verification_keys: Sequence[Ed25519PublicKey] = (),
+    ) -> None:
         self._private = private_key
-        self._public: Ed25519PublicKey = private_key.public_key()
-        raw = self._public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-        self.key_id = base64.urlsafe_b64encode(hashlib.sha256(raw).digest()[:12]).decode()
+        signing = private_key.public_key()
+        self.key_id = grant_token.key_id(signing)
+        self._keys: dict[str, Ed25519PublicKey] = {self.key_id: signing}
+        for key in verification_keys:
+            self._keys.setdefault(grant_token.key_id(key), key)
 
     @classmethod
-    def from_file(cls, path: Path | None) -> GrantSigner:
-        """Load a PEM Ed25519 private key, or generate a fresh one when ``path`` is None."""
-        if path is None:
-            return cls(Ed25519PrivateKey.generate())
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-        if not isinstance(key, Ed25519PrivateKey):
-            raise ValueError(f"{path}: grants are signed with Ed25519; this is not an Ed25519 key")
-        return cls(key)
+    def from_files(cls, signing: Path | None, verification: Sequence[Path] = ()) -> GrantSigner:
+        """Load the PEM Ed25519 signing key (a fresh one when ``signing`` is None)
+        and the verification keys (PEM public keys, or private keys whose public
+        half is used).
 
-    @property
-    def public_key_pem(self) -> str:
-        return self._public.public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        ).decode()
+        Raises:
+            ValueError: a file is not an Ed25519 key (the message names it).
+            OSError: a file cannot be read.
+        """
+        if signing is None:
+            private = Ed25519PrivateKey.generate()
+        else:
+            key = serialization.load_pem_private_key(signing.read_bytes(), password=None)
+            if not isinstance(key, Ed25519PrivateKey):
+                raise ValueError(
+                    f"{signing}: grants are signed with Ed25519; this is not an Ed25519 key"
+                )
+            private = key
+        published = []
+        for path in verification:
+            try:
+                published.append(grant_token.load_public_key(path.read_bytes()))
+            except ValueError as exc:
+                raise ValueError(f"{path}: not an Ed25519 verification key ({exc})") from None
+        return cls(private, published)
+
+    def published(self) -> list[PublishedKey]:
+        """Every key a current grant may be signed with, the signing key first."""
+        return [
+            PublishedKey(kid, grant_token.public_key_pem(key), kid == self.key_id)
+            for kid, key in self._keys.items()
+        ]
 
     def sign(self, claims: GrantClaims, *, now: float | None = None) -> str:
         issued = int(now if now is not None else time.time())
-        payload: dict[str, Any] = {
-            "iss": GRANT_ISSUER,
-            "jti": claims.invocation_id,
-            "sub": claims.actor_id,
-            "cap": claims.capability_id,
-            "ver": claims.capability_version,
-            "svc": claims.service,
-            "dig": claims.input_digest,
-            "iat": issued,
-            "exp": claims.expires_at,
-        }
-        return jwt.encode(payload, self._private, algorithm="EdDSA", headers={"kid": self.key_id})
+        return grant_token.encode(claims, self._private, issued_at=issued)
 
     def verify(self, token: str, *, verify_expiry: bool = True) -> GrantClaims:
-        """The claims of a grant this plane signed.
+        """The claims of a grant this plane signed (with any published key).
 
         Raises:
             GrantError: a bad signature, a foreign key or (when asked) an expired grant.
         """
-        try:
-            payload = jwt.decode(
-                token,
-                self._public,
-                algorithms=["EdDSA"],
-                issuer=GRANT_ISSUER,
-                options={"verify_exp": verify_expiry, "require": ["jti", "exp", "dig"]},
-            )
-        except jwt.ExpiredSignatureError:
-            raise GrantError("grant expired") from None
-        except jwt.PyJWTError as exc:
-            raise GrantError(f"grant rejected: {exc}") from None
-        return GrantClaims(
-            invocation_id=payload["jti"],
-            capability_id=payload["cap"],
-            capability_version=payload["ver"],
-            service=payload["svc"],
-            actor_id=payload["sub"],
-            input_digest=payload["dig"],
-            expires_at=payload["exp"],
-        )
+        return grant_token.decode(token, self._keys, verify_expiry=verify_expiry)

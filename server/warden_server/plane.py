@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from warden.shared.redaction import Redaction
 from warden_server.approvals.events import ApprovalHub
 from warden_server.auth.actors import ActorVerifier
 from warden_server.auth.services import ServiceAuthenticator
@@ -16,7 +18,10 @@ from warden_server.policy.engine import PolicySet
 from warden_server.policy.loader import Problem
 from warden_server.registry import Registry
 from warden_server.reload import PolicyReloader, load_at_start
+from warden_server.sealing import Sealer
 from warden_server.store import SQLiteStore, Store
+
+log = logging.getLogger(__name__)
 
 
 def utc_now() -> datetime:
@@ -92,6 +97,10 @@ class Plane:
     services: ServiceAuthenticator
     grants: GrantSigner
     clock: Callable[[], datetime] = utc_now
+    redaction: Redaction = field(default_factory=Redaction)
+    """How sensitive values are stored (SI-5)."""
+    sealer: Sealer = field(default_factory=lambda: Sealer.from_secret(None))
+    """Seals outputs recorded for idempotent replay."""
     approval_events: ApprovalHub = field(default_factory=ApprovalHub)
 
     @classmethod
@@ -107,7 +116,16 @@ class Plane:
             ValueError, OSError: unreadable keys or store.
         """
         key_file = config.grants.signing_key_file
-        grants = GrantSigner.from_file(config.path(key_file) if key_file else None)
+        grants = GrantSigner.from_files(
+            config.path(key_file) if key_file else None,
+            [config.path(f) for f in config.grants.verification_key_files],
+        )
+        hash_key = config.redaction.hash_key if config.redaction.mode == "keyed-hash" else None
+        if config.idempotency.replay_key is None:
+            log.warning(
+                "idempotency.replay_key is not set: outputs recorded for replay "
+                "cannot be replayed after a restart"
+            )
         actors = ActorVerifier.from_config(config)
         store = SQLiteStore(config.store_path)
         try:
@@ -126,6 +144,8 @@ class Plane:
             services=ServiceAuthenticator.from_config(config),
             grants=grants,
             clock=clock,
+            redaction=Redaction(hash_key.encode() if hash_key else None),
+            sealer=Sealer.from_secret(config.idempotency.replay_key),
             approval_events=ApprovalHub(max_watchers=config.server.max_approval_watchers),
         )
 

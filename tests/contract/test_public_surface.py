@@ -17,14 +17,24 @@ PUBLIC_NAMES = [
     "ApprovalError",
     "ApprovalEvent",
     "Approvals",
+    "CancelToken",
     "CapabilityError",
     "Context",
     "DeclaredError",
     "Envelope",
+    "GrantClaims",
+    "GrantKey",
+    "GrantVerificationError",
+    "ModelHidden",
+    "NO_RETRY",
     "RegisteredCapability",
+    "RetryPolicy",
     "Runtime",
+    "Sensitive",
     "WardenError",
+    "may_retry",
     "unwrap",
+    "verify_grant",
 ]
 
 CAPABILITY_KEYWORDS = [
@@ -40,7 +50,16 @@ CAPABILITY_KEYWORDS = [
     "version",
 ]
 
-INVOKE_KEYWORDS = ["actor", "context", "surface", "approval_id", "idempotency_key", "timeout_ms"]
+INVOKE_KEYWORDS = [
+    "actor",
+    "context",
+    "surface",
+    "approval_id",
+    "idempotency_key",
+    "timeout_ms",
+    "retry",
+    "cancel",
+]
 
 
 def test_all_is_pinned() -> None:

@@ -195,8 +195,10 @@ def redact(
 
 
 def strip_model_hidden(value: JSONValue, schema: Schema) -> JSONValue:
-    """A copy of ``value`` without the fields marked ``x-warden-model-visible: false``."""
-    return _walk(value, [schema], schema, MODEL_VISIBLE, False, lambda _: _DROP)
+    """A copy of ``value`` without the fields marked ``x-warden-model-visible: false``
+    (array items become null, keeping positions; a hidden root becomes None)."""
+    stripped = _walk(value, [schema], schema, MODEL_VISIBLE, False, lambda _: _DROP)
+    return None if stripped is _DROP else stripped
 
 
 def has_marking(schema: Schema, marking: str, marked: object) -> bool:
@@ -282,11 +284,13 @@ def _resolve(root: Schema, ref: str) -> Schema | None:
 def _property_schemas(schemas: list[Schema], key: str) -> list[Schema]:
     found: list[Schema] = []
     for schema in schemas:
-        properties = schema.get("properties", {})
+        properties = _mapping(schema.get("properties"))
         if key in properties:
             found.append(properties[key])
             continue
-        matched = [s for p, s in schema.get("patternProperties", {}).items() if re.search(p, key)]
+        matched = [
+            s for p, s in _mapping(schema.get("patternProperties")).items() if _matches(p, key)
+        ]
         found.extend(matched)
         extra = schema.get("additionalProperties")
         if not matched and isinstance(extra, Mapping):
@@ -297,9 +301,25 @@ def _property_schemas(schemas: list[Schema], key: str) -> list[Schema]:
 def _item_schemas(schemas: list[Schema], index: int) -> list[Schema]:
     found: list[Schema] = []
     for schema in schemas:
-        prefix = schema.get("prefixItems", [])
+        prefix = schema.get("prefixItems")
+        prefix = prefix if isinstance(prefix, list) else []
         if index < len(prefix):
             found.append(prefix[index])
         elif isinstance(schema.get("items"), Mapping):
             found.append(schema["items"])
     return found
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _matches(pattern: object, key: str) -> bool:
+    """Whether a patternProperties pattern matches; one Python cannot compile
+    counts as matching, so a marking under it is never lost."""
+    if not isinstance(pattern, str):
+        return False
+    try:
+        return re.search(pattern, key) is not None
+    except re.error:
+        return True

@@ -83,6 +83,7 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     ERROR_CODE_OUTPUT_INVALID: _ErrorCode.ValueType  # 15
     ERROR_CODE_TIMEOUT: _ErrorCode.ValueType  # 16
     ERROR_CODE_CANCELLED: _ErrorCode.ValueType  # 17
+    ERROR_CODE_OUTCOME_UNKNOWN: _ErrorCode.ValueType  # 18
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """The stable, machine-readable codes. The code string is the value's name
@@ -107,6 +108,7 @@ ERROR_CODE_INTERNAL_ERROR: ErrorCode.ValueType  # 14
 ERROR_CODE_OUTPUT_INVALID: ErrorCode.ValueType  # 15
 ERROR_CODE_TIMEOUT: ErrorCode.ValueType  # 16
 ERROR_CODE_CANCELLED: ErrorCode.ValueType  # 17
+ERROR_CODE_OUTCOME_UNKNOWN: ErrorCode.ValueType  # 18
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

@@ -26,31 +26,33 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from warden.v1 import errors_pb2 as warden_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18warden/v1/governor.proto\x12\twarden.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16warden/v1/errors.proto\"F\n\x05\x41\x63tor\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x12\n\nattrs_json\x18\x04 \x01(\t\"\xd6\x01\n\x0c\x42\x65ginRequest\x12\x15\n\rinvocation_id\x18\x01 \x01(\t\x12\x15\n\rcapability_id\x18\x02 \x01(\t\x12\x1a\n\x12\x63\x61pability_version\x18\x03 \x01(\t\x12\x13\n\x0b\x61\x63tor_token\x18\x04 \x01(\t\x12\x12\n\ninput_json\x18\x05 \x01(\t\x12\x0f\n\x07surface\x18\x06 \x01(\t\x12\x14\n\x0c\x63ontext_json\x18\x07 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x08 \x01(\t\x12\x17\n\x0fidempotency_key\x18\t \x01(\t\"\xc1\x01\n\x05Grant\x12\r\n\x05token\x18\x01 \x01(\t\x12\x1a\n\x12\x63\x61pability_version\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12\x14\n\x0cinput_digest\x18\x04 \x01(\t\x12\x1f\n\x05\x61\x63tor\x18\x05 \x01(\x0b\x32\x10.warden.v1.Actor\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"v\n\nSuspension\x12#\n\x07\x66\x61ilure\x18\x01 \x01(\x0b\x32\x12.warden.v1.Failure\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12.\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc1\x01\n\rBeginResponse\x12\x15\n\rinvocation_id\x18\x01 \x01(\t\x12!\n\x05grant\x18\x02 \x01(\x0b\x32\x10.warden.v1.GrantH\x00\x12%\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x12.warden.v1.FailureH\x00\x12+\n\nsuspension\x18\x04 \x01(\x0b\x32\x15.warden.v1.SuspensionH\x00\x12\x17\n\x0fpolicy_revision\x18\x05 \x01(\tB\t\n\x07outcome\"G\n\x0b\x44iagnostics\x12\x12\n\ncause_type\x18\x01 \x01(\t\x12\x15\n\rcause_message\x18\x02 \x01(\t\x12\r\n\x05stack\x18\x03 \x01(\t\"\x84\x02\n\x0f\x43ompleteRequest\x12\x15\n\rinvocation_id\x18\x01 \x01(\t\x12\x13\n\x0bgrant_token\x18\x02 \x01(\t\x12(\n\x06status\x18\x03 \x01(\x0e\x32\x18.warden.v1.OutcomeStatus\x12#\n\x07\x66\x61ilure\x18\x04 \x01(\x0b\x32\x12.warden.v1.Failure\x12\x13\n\x0boutput_json\x18\x05 \x01(\t\x12\x1f\n\x17\x65xecuted_before_failure\x18\x06 \x01(\x08\x12+\n\x0b\x64iagnostics\x18\x07 \x01(\x0b\x32\x16.warden.v1.Diagnostics\x12\x13\n\x0b\x64uration_ms\x18\x08 \x01(\r\"%\n\x10\x43ompleteResponse\x12\x11\n\taudit_seq\x18\x01 \x01(\x03*\x86\x01\n\rOutcomeStatus\x12\x1e\n\x1aOUTCOME_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18OUTCOME_STATUS_SUCCEEDED\x10\x01\x12\x19\n\x15OUTCOME_STATUS_FAILED\x10\x02\x12\x1c\n\x18OUTCOME_STATUS_CANCELLED\x10\x03\x32\x8b\x01\n\x08Governor\x12:\n\x05\x42\x65gin\x12\x17.warden.v1.BeginRequest\x1a\x18.warden.v1.BeginResponse\x12\x43\n\x08\x43omplete\x12\x1a.warden.v1.CompleteRequest\x1a\x1b.warden.v1.CompleteResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18warden/v1/governor.proto\x12\twarden.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16warden/v1/errors.proto\"F\n\x05\x41\x63tor\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x12\n\nattrs_json\x18\x04 \x01(\t\"\x8c\x02\n\x0c\x42\x65ginRequest\x12\x15\n\rinvocation_id\x18\x01 \x01(\t\x12\x15\n\rcapability_id\x18\x02 \x01(\t\x12\x1a\n\x12\x63\x61pability_version\x18\x03 \x01(\t\x12\x13\n\x0b\x61\x63tor_token\x18\x04 \x01(\t\x12\x12\n\ninput_json\x18\x05 \x01(\t\x12\x0f\n\x07surface\x18\x06 \x01(\t\x12\x14\n\x0c\x63ontext_json\x18\x07 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x08 \x01(\t\x12\x17\n\x0fidempotency_key\x18\t \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\n \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x0b \x01(\r\x12\x12\n\ntimeout_ms\x18\x0c \x01(\r\"\xc1\x01\n\x05Grant\x12\r\n\x05token\x18\x01 \x01(\t\x12\x1a\n\x12\x63\x61pability_version\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12\x14\n\x0cinput_digest\x18\x04 \x01(\t\x12\x1f\n\x05\x61\x63tor\x18\x05 \x01(\x0b\x32\x10.warden.v1.Actor\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"v\n\nSuspension\x12#\n\x07\x66\x61ilure\x18\x01 \x01(\x0b\x32\x12.warden.v1.Failure\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12.\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xdf\x01\n\x06Replay\x12\x1e\n\x16original_invocation_id\x18\x01 \x01(\t\x12(\n\x06status\x18\x02 \x01(\x0e\x32\x18.warden.v1.OutcomeStatus\x12\x13\n\x0boutput_json\x18\x03 \x01(\t\x12#\n\x07\x66\x61ilure\x18\x04 \x01(\x0b\x32\x12.warden.v1.Failure\x12\x1f\n\x17\x65xecuted_before_failure\x18\x05 \x01(\x08\x12\x30\n\x0c\x63ompleted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xe6\x01\n\rBeginResponse\x12\x15\n\rinvocation_id\x18\x01 \x01(\t\x12!\n\x05grant\x18\x02 \x01(\x0b\x32\x10.warden.v1.GrantH\x00\x12%\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x12.warden.v1.FailureH\x00\x12+\n\nsuspension\x18\x04 \x01(\x0b\x32\x15.warden.v1.SuspensionH\x00\x12#\n\x06replay\x18\x06 \x01(\x0b\x32\x11.warden.v1.ReplayH\x00\x12\x17\n\x0fpolicy_revision\x18\x05 \x01(\tB\t\n\x07outcome\"G\n\x0b\x44iagnostics\x12\x12\n\ncause_type\x18\x01 \x01(\t\x12\x15\n\rcause_message\x18\x02 \x01(\t\x12\r\n\x05stack\x18\x03 \x01(\t\"\x84\x02\n\x0f\x43ompleteRequest\x12\x15\n\rinvocation_id\x18\x01 \x01(\t\x12\x13\n\x0bgrant_token\x18\x02 \x01(\t\x12(\n\x06status\x18\x03 \x01(\x0e\x32\x18.warden.v1.OutcomeStatus\x12#\n\x07\x66\x61ilure\x18\x04 \x01(\x0b\x32\x12.warden.v1.Failure\x12\x13\n\x0boutput_json\x18\x05 \x01(\t\x12\x1f\n\x17\x65xecuted_before_failure\x18\x06 \x01(\x08\x12+\n\x0b\x64iagnostics\x18\x07 \x01(\x0b\x32\x16.warden.v1.Diagnostics\x12\x13\n\x0b\x64uration_ms\x18\x08 \x01(\r\"%\n\x10\x43ompleteResponse\x12\x11\n\taudit_seq\x18\x01 \x01(\x03*\x86\x01\n\rOutcomeStatus\x12\x1e\n\x1aOUTCOME_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18OUTCOME_STATUS_SUCCEEDED\x10\x01\x12\x19\n\x15OUTCOME_STATUS_FAILED\x10\x02\x12\x1c\n\x18OUTCOME_STATUS_CANCELLED\x10\x03\x32\x8b\x01\n\x08Governor\x12:\n\x05\x42\x65gin\x12\x17.warden.v1.BeginRequest\x1a\x18.warden.v1.BeginResponse\x12\x43\n\x08\x43omplete\x12\x1a.warden.v1.CompleteRequest\x1a\x1b.warden.v1.CompleteResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'warden.v1.governor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTCOMESTATUS']._serialized_start=1273
-  _globals['_OUTCOMESTATUS']._serialized_end=1407
+  _globals['_OUTCOMESTATUS']._serialized_start=1590
+  _globals['_OUTCOMESTATUS']._serialized_end=1724
   _globals['_ACTOR']._serialized_start=96
   _globals['_ACTOR']._serialized_end=166
   _globals['_BEGINREQUEST']._serialized_start=169
-  _globals['_BEGINREQUEST']._serialized_end=383
-  _globals['_GRANT']._serialized_start=386
-  _globals['_GRANT']._serialized_end=579
-  _globals['_SUSPENSION']._serialized_start=581
-  _globals['_SUSPENSION']._serialized_end=699
-  _globals['_BEGINRESPONSE']._serialized_start=702
-  _globals['_BEGINRESPONSE']._serialized_end=895
-  _globals['_DIAGNOSTICS']._serialized_start=897
-  _globals['_DIAGNOSTICS']._serialized_end=968
-  _globals['_COMPLETEREQUEST']._serialized_start=971
-  _globals['_COMPLETEREQUEST']._serialized_end=1231
-  _globals['_COMPLETERESPONSE']._serialized_start=1233
-  _globals['_COMPLETERESPONSE']._serialized_end=1270
-  _globals['_GOVERNOR']._serialized_start=1410
-  _globals['_GOVERNOR']._serialized_end=1549
+  _globals['_BEGINREQUEST']._serialized_end=437
+  _globals['_GRANT']._serialized_start=440
+  _globals['_GRANT']._serialized_end=633
+  _globals['_SUSPENSION']._serialized_start=635
+  _globals['_SUSPENSION']._serialized_end=753
+  _globals['_REPLAY']._serialized_start=756
+  _globals['_REPLAY']._serialized_end=979
+  _globals['_BEGINRESPONSE']._serialized_start=982
+  _globals['_BEGINRESPONSE']._serialized_end=1212
+  _globals['_DIAGNOSTICS']._serialized_start=1214
+  _globals['_DIAGNOSTICS']._serialized_end=1285
+  _globals['_COMPLETEREQUEST']._serialized_start=1288
+  _globals['_COMPLETEREQUEST']._serialized_end=1548
+  _globals['_COMPLETERESPONSE']._serialized_start=1550
+  _globals['_COMPLETERESPONSE']._serialized_end=1587
+  _globals['_GOVERNOR']._serialized_start=1727
+  _globals['_GOVERNOR']._serialized_end=1866
 # @@protoc_insertion_point(module_scope)

@@ -85,6 +85,9 @@ class BeginRequest(_message.Message):
     CONTEXT_JSON_FIELD_NUMBER: _builtins.int
     APPROVAL_ID_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.str
     """A UUID chosen by the caller, unique per attempt."""
     capability_id: _builtins.str
@@ -101,6 +104,21 @@ class BeginRequest(_message.Message):
     approval_id: _builtins.str
     """Resume a suspended call with this approval."""
     idempotency_key: _builtins.str
+    """Deduplicates repeats of one call: the plane reserves (service,
+    capability, actor, key) with the input digest (SPEC §8). At most 255
+    characters; empty means none.
+    """
+    call_id: _builtins.str
+    """The logical call this attempt belongs to: every automatic retry is a new
+    attempt (a new invocation_id) of the same call. A UUID; empty means the
+    attempt is a call of its own.
+    """
+    attempt: _builtins.int
+    """This attempt's number within its call, from 1."""
+    timeout_ms: _builtins.int
+    """A time budget for the handler below the capability's; zero means the
+    capability's. The grant carries the budget that applies.
+    """
     def __init__(
         self,
         *,
@@ -113,10 +131,13 @@ class BeginRequest(_message.Message):
         context_json: _builtins.str = ...,
         approval_id: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        timeout_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_token", b"actor_token", "approval_id", b"approval_id", "capability_id", b"capability_id", "capability_version", b"capability_version", "context_json", b"context_json", "idempotency_key", b"idempotency_key", "input_json", b"input_json", "invocation_id", b"invocation_id", "surface", b"surface"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_token", b"actor_token", "approval_id", b"approval_id", "attempt", b"attempt", "call_id", b"call_id", "capability_id", b"capability_id", "capability_version", b"capability_version", "context_json", b"context_json", "idempotency_key", b"idempotency_key", "input_json", b"input_json", "invocation_id", b"invocation_id", "surface", b"surface", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -199,6 +220,50 @@ class Suspension(_message.Message):
 Global___Suspension: _TypeAlias = Suspension  # noqa: Y015
 
 @_typing.final
+class Replay(_message.Message):
+    """A repeat of a completed call (same idempotency key, same input): the
+    recorded outcome, answered without running the handler again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ORIGINAL_INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    OUTPUT_JSON_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
+    EXECUTED_BEFORE_FAILURE_FIELD_NUMBER: _builtins.int
+    COMPLETED_AT_FIELD_NUMBER: _builtins.int
+    original_invocation_id: _builtins.str
+    """The invocation whose outcome this is."""
+    status: Global___OutcomeStatus.ValueType
+    output_json: _builtins.str
+    """The output as the handler returned it (SUCCEEDED only), as JSON."""
+    executed_before_failure: _builtins.bool
+    @_builtins.property
+    def failure(self) -> _errors_pb2.Failure:
+        """The failure (FAILED and CANCELLED only)."""
+
+    @_builtins.property
+    def completed_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        original_invocation_id: _builtins.str = ...,
+        status: Global___OutcomeStatus.ValueType = ...,
+        output_json: _builtins.str = ...,
+        failure: _errors_pb2.Failure | None = ...,
+        executed_before_failure: _builtins.bool = ...,
+        completed_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "failure", b"failure"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "executed_before_failure", b"executed_before_failure", "failure", b"failure", "original_invocation_id", b"original_invocation_id", "output_json", b"output_json", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Replay: _TypeAlias = Replay  # noqa: Y015
+
+@_typing.final
 class BeginResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -206,6 +271,7 @@ class BeginResponse(_message.Message):
     GRANT_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
     SUSPENSION_FIELD_NUMBER: _builtins.int
+    REPLAY_FIELD_NUMBER: _builtins.int
     POLICY_REVISION_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.str
     policy_revision: _builtins.str
@@ -216,6 +282,8 @@ class BeginResponse(_message.Message):
     def failure(self) -> _errors_pb2.Failure: ...
     @_builtins.property
     def suspension(self) -> Global___Suspension: ...
+    @_builtins.property
+    def replay(self) -> Global___Replay: ...
     def __init__(
         self,
         *,
@@ -223,13 +291,14 @@ class BeginResponse(_message.Message):
         grant: Global___Grant | None = ...,
         failure: _errors_pb2.Failure | None = ...,
         suspension: Global___Suspension | None = ...,
+        replay: Global___Replay | None = ...,
         policy_revision: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "grant", b"grant", "outcome", b"outcome", "suspension", b"suspension"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "grant", b"grant", "outcome", b"outcome", "replay", b"replay", "suspension", b"suspension"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "grant", b"grant", "invocation_id", b"invocation_id", "outcome", b"outcome", "policy_revision", b"policy_revision", "suspension", b"suspension"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "grant", b"grant", "invocation_id", b"invocation_id", "outcome", b"outcome", "policy_revision", b"policy_revision", "replay", b"replay", "suspension", b"suspension"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["grant", "failure", "suspension"]  # noqa: Y015
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["grant", "failure", "suspension", "replay"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
 
@@ -237,7 +306,9 @@ Global___BeginResponse: _TypeAlias = BeginResponse  # noqa: Y015
 
 @_typing.final
 class Diagnostics(_message.Message):
-    """Private diagnostics: they reach the audit store and nothing model-facing."""
+    """Private diagnostics: they reach the audit store and nothing model-facing.
+    The SDK replaces the values of sensitive fields in them first (SI-5).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -278,7 +349,9 @@ class CompleteRequest(_message.Message):
     grant_token: _builtins.str
     status: Global___OutcomeStatus.ValueType
     output_json: _builtins.str
-    """The output (already redacted by the SDK), as JSON."""
+    """The validated output, as JSON. The plane redacts it before storing it
+    (SI-5) and keeps it sealed for idempotent replays.
+    """
     executed_before_failure: _builtins.bool
     duration_ms: _builtins.int
     @_builtins.property

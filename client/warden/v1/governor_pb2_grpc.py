@@ -56,7 +56,8 @@ class GovernorServicer:
     def Begin(self, request, context):
         """Pipeline steps 2-9: resolve, authenticate, visibility, validate,
         authorize, policy, approval, idempotency. The decision is durably
-        audited before the answer returns.
+        audited before the answer returns: a grant, a failure, a suspension, or
+        the replay of a completed call with the same idempotency key.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -38,7 +38,8 @@ class GovernorStub:
     Begin: _grpc.UnaryUnaryMultiCallable[_governor_pb2.BeginRequest, _governor_pb2.BeginResponse]
     """Pipeline steps 2-9: resolve, authenticate, visibility, validate,
     authorize, policy, approval, idempotency. The decision is durably
-    audited before the answer returns.
+    audited before the answer returns: a grant, a failure, a suspension, or
+    the replay of a completed call with the same idempotency key.
     """
     Complete: _grpc.UnaryUnaryMultiCallable[_governor_pb2.CompleteRequest, _governor_pb2.CompleteResponse]
     """Pipeline step 14: the outcome of a granted invocation."""
@@ -53,7 +54,8 @@ class GovernorAsyncStub(GovernorStub):
     Begin: _aio.UnaryUnaryMultiCallable[_governor_pb2.BeginRequest, _governor_pb2.BeginResponse]  # type: ignore[assignment]
     """Pipeline steps 2-9: resolve, authenticate, visibility, validate,
     authorize, policy, approval, idempotency. The decision is durably
-    audited before the answer returns.
+    audited before the answer returns: a grant, a failure, a suspension, or
+    the replay of a completed call with the same idempotency key.
     """
     Complete: _aio.UnaryUnaryMultiCallable[_governor_pb2.CompleteRequest, _governor_pb2.CompleteResponse]  # type: ignore[assignment]
     """Pipeline step 14: the outcome of a granted invocation."""
@@ -71,7 +73,8 @@ class GovernorServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_governor_pb2.BeginResponse, _abc.Awaitable[_governor_pb2.BeginResponse]]:
         """Pipeline steps 2-9: resolve, authenticate, visibility, validate,
         authorize, policy, approval, idempotency. The decision is durably
-        audited before the answer returns.
+        audited before the answer returns: a grant, a failure, a suspension, or
+        the replay of a completed call with the same idempotency key.
         """
 
     @_abc_1.abstractmethod

@@ -4,6 +4,10 @@ Each record's hash is SHA-256 over the previous record's hash and the
 canonical JSON (RFC 8785) of every column but ``hash``; the sequence number is
 inside the hashed row, so an edited, deleted, inserted or reordered record
 breaks the chain at a sequence number that ``verify`` names.
+
+Columns added after the first schema (``LATE_COLUMNS``) are hashed only when
+they hold a value, so records written before a column existed still verify,
+while setting or clearing the column on any record breaks its hash.
 """
 
 from __future__ import annotations
@@ -18,10 +22,17 @@ from warden.shared.canonical import canonical_json
 GENESIS: Final = "0" * 64
 """The ``prev_hash`` of the first record."""
 
+LATE_COLUMNS: Final = frozenset({"call_id", "attempt"})
+"""Columns added by later migrations: hashed only when not NULL."""
+
 
 def record_hash(row: Mapping[str, Any]) -> str:
     """The hash of a row (every column but ``hash``; ``prev_hash`` included)."""
-    body = {key: value for key, value in row.items() if key != "hash"}
+    body = {
+        key: value
+        for key, value in row.items()
+        if key != "hash" and not (value is None and key in LATE_COLUMNS)
+    }
     return hashlib.sha256(canonical_json(body)).hexdigest()
 
 

@@ -44,10 +44,13 @@ COLUMNS: Final = (
     "details",
     "prev_hash",
     "hash",
+    "call_id",
+    "attempt",
 )
 """Every column, in table order: SPEC §9's contract columns plus ``reason``
-(the private truth behind a public face, e.g. ``hidden-by-policy``) and
-``details`` (the model-safe details that were returned)."""
+(the private truth behind a public face, e.g. ``hidden-by-policy``),
+``details`` (the model-safe details that were returned), and ``call_id`` and
+``attempt`` (which logical call an attempt belongs to, SI-11)."""
 
 
 def now_iso() -> str:
@@ -99,6 +102,8 @@ class AuditEvent:
     trace_id: str | None = None
     reason: str | None = None
     details: str | None = None
+    call_id: str | None = None
+    attempt: int | None = None
     event_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     ts: str = dataclasses.field(default_factory=now_iso)
 

@@ -6,13 +6,14 @@ No grant leaves the plane before its decision record is committed (SI-3).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from warden.shared.canonical import compact_json
-from warden.shared.schema import redact
+from warden.shared.redaction import scrub_text, sensitive_texts
 from warden_server.approvals.audit import approval_event
 from warden_server.approvals.events import ApprovalChange
 from warden_server.audit.events import AuditEvent, iso
@@ -22,12 +23,19 @@ from warden_server.pipeline.authenticate import authenticate
 from warden_server.pipeline.authorize import authorize
 from warden_server.pipeline.context import BeginContext, BeginRequest
 from warden_server.pipeline.failure import Failure, fail
+from warden_server.pipeline.idempotency import Replayed, idempotency, replayed
 from warden_server.pipeline.policy import policy
 from warden_server.pipeline.resolve import resolve
 from warden_server.pipeline.validate import validate
 from warden_server.pipeline.visibility import visibility
 from warden_server.policy.engine import would_have
-from warden_server.store import ApprovalRecord, InvocationRecord, WriteTransaction
+from warden_server.store import (
+    ApprovalRecord,
+    IdempotencyRecord,
+    InvocationRecord,
+    StoreError,
+    WriteTransaction,
+)
 
 if TYPE_CHECKING:
     from warden_server.plane import Plane
@@ -42,11 +50,16 @@ STAGES: tuple[Stage, ...] = (
     authorize,
     policy,
     approval,
+    idempotency,
 )
 
 
 class ApprovalAlreadyUsed(Exception):
     """Two resumes raced for one approval; this one lost."""
+
+
+class KeyAlreadyReserved(Exception):
+    """Two calls raced for one idempotency key; this one lost."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +74,15 @@ class Granted:
 
 @dataclass(frozen=True, slots=True)
 class BeginResult:
-    """What Begin answers: exactly one of grant or failure (a suspension is a
-    failure with code APPROVAL_REQUIRED and an approval id)."""
+    """What Begin answers: exactly one of grant, failure or replay (a
+    suspension is a failure with code APPROVAL_REQUIRED and an approval id)."""
 
     invocation_id: str
     policy_revision: str
     context: BeginContext
     grant: Granted | None = None
     failure: Failure | None = None
+    replay: Replayed | None = None
     approval_id: str | None = None
     approval_expires_at: datetime | None = None
 
@@ -76,19 +90,37 @@ class BeginResult:
 def begin(plane: Plane, request: BeginRequest) -> BeginResult:
     ctx = BeginContext(request=request, policies=plane.policies.current(), now=plane.clock())
     for stage in STAGES:
+        if time.monotonic() > request.deadline:
+            return _refuse(plane, ctx, fail("GOVERNANCE_UNAVAILABLE", "plane-deadline-exceeded"))
         failure = stage(plane, ctx)
         if failure is not None:
             return _refuse(plane, ctx, failure)
+    if ctx.replay is not None:
+        return _replay(plane, ctx, ctx.replay)
     try:
         return _grant(plane, ctx)
     except ApprovalAlreadyUsed:
         return _refuse(plane, ctx, fail("APPROVAL_DENIED", "approval-already-used"))
+    except KeyAlreadyReserved:
+        # Another call took the key between this one's read and its write;
+        # answer as the idempotency stage now does.
+        ctx.reservation = None
+        failure = idempotency(plane, ctx)
+        if ctx.replay is not None:
+            return _replay(plane, ctx, ctx.replay)
+        return _refuse(plane, ctx, failure or fail("OPERATION_IN_PROGRESS", "reservation-raced"))
+    except StoreError:
+        if time.monotonic() > request.deadline:
+            return _refuse(plane, ctx, fail("GOVERNANCE_UNAVAILABLE", "plane-deadline-exceeded"))
+        raise
 
 
 def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
     capability, actor, request = ctx.capability, ctx.actor, ctx.request
     assert capability is not None and actor is not None and ctx.input_digest is not None
     timeout_ms = capability.definition.timeout_ms or plane.config.server.default_timeout_ms
+    if request.timeout_ms:
+        timeout_ms = min(timeout_ms, request.timeout_ms)
     expires = ctx.now + timedelta(milliseconds=timeout_ms, seconds=plane.config.grants.ttl_seconds)
     invocation = InvocationRecord(
         invocation_id=request.invocation_id,
@@ -102,8 +134,11 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
         state="granted",
         granted_at=iso(ctx.now),
         expires_at=iso(expires),
+        call_id=request.call_id,
+        attempt=request.attempt,
     )
-    event = _decision_event(ctx, "granted", None)
+    event = _decision_event(plane, ctx, "granted", None)
+    reservation = ctx.reservation
 
     def work(tx: WriteTransaction) -> None:
         if ctx.consume_approval:
@@ -111,10 +146,13 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
             if not tx.consume_approval(ctx.approval.approval_id, iso(ctx.now)):
                 raise ApprovalAlreadyUsed
             tx.append_audit(_approval_event(ctx, "consumed", ctx.approval))
+        if reservation is not None and not tx.reserve_idempotency(reservation, iso(ctx.now)):
+            raise KeyAlreadyReserved
         tx.insert_invocation(invocation)
         tx.append_audit(event)
 
-    plane.store.transact(work)
+    # A grant is never committed once its requester has stopped waiting for it.
+    plane.store.transact(work, deadline=request.deadline)
     if ctx.consume_approval:
         assert ctx.approval is not None
         consumed = dataclasses.replace(ctx.approval, state="consumed")
@@ -146,11 +184,27 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
     )
 
 
+def _replay(plane: Plane, ctx: BeginContext, held: IdempotencyRecord) -> BeginResult:
+    """Answer with the recorded outcome of the call that holds the key."""
+    answer = replayed(plane, held)
+    if isinstance(answer, Failure):
+        return _refuse(plane, ctx, answer)
+    reason = f"idempotent-replay:{held.invocation_id}"
+    event = _decision_event(plane, ctx, "replayed", None, reason=reason)
+    plane.store.transact(lambda tx: tx.append_audit(event))
+    return BeginResult(
+        invocation_id=ctx.request.invocation_id,
+        policy_revision=ctx.policies.revision,
+        context=ctx,
+        replay=answer,
+    )
+
+
 def _refuse(plane: Plane, ctx: BeginContext, failure: Failure) -> BeginResult:
     suspended = failure.code == "APPROVAL_REQUIRED"
     expires: datetime | None = ctx.extra.get("approval_expires_at")
-    event = _decision_event(ctx, "suspended" if suspended else "failed", failure)
-    record = _approval_record(ctx, expires) if suspended and expires is not None else None
+    event = _decision_event(plane, ctx, "suspended" if suspended else "failed", failure)
+    record = _approval_record(plane, ctx, expires) if suspended and expires is not None else None
 
     def work(tx: WriteTransaction) -> list[ApprovalChange]:
         tx.append_audit(event)
@@ -174,7 +228,7 @@ def _refuse(plane: Plane, ctx: BeginContext, failure: Failure) -> BeginResult:
     )
 
 
-def _approval_record(ctx: BeginContext, expires: datetime) -> ApprovalRecord:
+def _approval_record(plane: Plane, ctx: BeginContext, expires: datetime) -> ApprovalRecord:
     capability, actor, decision = ctx.capability, ctx.actor, ctx.decision
     assert capability and actor and decision and decision.rule and ctx.approval_id
     assert ctx.input_digest is not None
@@ -186,7 +240,7 @@ def _approval_record(ctx: BeginContext, expires: datetime) -> ApprovalRecord:
         requester_id=actor.id,
         tenant=actor.tenant,
         input_digest=ctx.input_digest,
-        input=compact_json(redact(ctx.input, capability.definition.input_schema)),
+        input=compact_json(plane.redaction.value(ctx.input, capability.definition.input_schema)),
         rule_id=decision.rule.id,
         message=decision.message or "",
         approvers=decision.rule.rule.approvers or "true",
@@ -199,8 +253,21 @@ def _approval_record(ctx: BeginContext, expires: datetime) -> ApprovalRecord:
     )
 
 
-def _decision_event(ctx: BeginContext, status: str, failure: Failure | None) -> AuditEvent:
+def _decision_event(
+    plane: Plane,
+    ctx: BeginContext,
+    status: str,
+    failure: Failure | None,
+    *,
+    reason: str | None = None,
+) -> AuditEvent:
     request, capability, actor = ctx.request, ctx.capability, ctx.actor
+    if reason is None:
+        reason = (
+            failure.reason
+            if failure
+            else ("approval-consumed" if ctx.consume_approval else "granted")
+        )
     return AuditEvent(
         kind="decision",
         status=status,
@@ -220,11 +287,11 @@ def _decision_event(ctx: BeginContext, status: str, failure: Failure | None) -> 
         rules=_rules_json(ctx),
         approval_id=ctx.approval_id,
         input_digest=ctx.input_digest,
-        input=_redacted_input(ctx),
-        reason=failure.reason
-        if failure
-        else ("approval-consumed" if ctx.consume_approval else "granted"),
+        input=_redacted_input(plane, ctx),
+        reason=reason,
         details=compact_json(failure.details) if failure and failure.details else None,
+        call_id=request.call_id,
+        attempt=request.attempt,
     )
 
 
@@ -249,6 +316,14 @@ def _rules_json(ctx: BeginContext) -> str | None:
     hiding = ctx.visibility.rule_id if ctx.visibility else None
     if not results and not deciding and not hiding:
         return None
+    errors = ("error", "message_error")
+    if ctx.capability is not None and any(key in r for r in results for key in errors):
+        # A CEL error message may quote the input it failed on (SI-5).
+        secrets = sensitive_texts(ctx.input, ctx.capability.definition.input_schema)
+        for result in results:
+            for key in errors:
+                if key in result:
+                    result[key] = scrub_text(result[key], secrets)
     recorded: dict[str, Any] = {"decided_by": hiding or deciding, "evaluated": results}
     shadow = would_have(ctx.visibility, ctx.decision) if ctx.visibility else None
     if shadow is not None:
@@ -256,7 +331,7 @@ def _rules_json(ctx: BeginContext) -> str | None:
     return compact_json(recorded)
 
 
-def _redacted_input(ctx: BeginContext) -> str | None:
+def _redacted_input(plane: Plane, ctx: BeginContext) -> str | None:
     """The input as stored: only once parsed, and only with a schema to redact by.
 
     Without a known capability there is no way to know which fields are
@@ -264,7 +339,7 @@ def _redacted_input(ctx: BeginContext) -> str | None:
     """
     if ctx.capability is None or ctx.input is None:
         return None
-    return compact_json(redact(ctx.input, ctx.capability.definition.input_schema))
+    return compact_json(plane.redaction.value(ctx.input, ctx.capability.definition.input_schema))
 
 
 def reject(

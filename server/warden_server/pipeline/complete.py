@@ -1,18 +1,24 @@
-"""Complete: pipeline step 14 — record the outcome of a granted invocation."""
+"""Complete: pipeline step 14 — record the outcome of a granted invocation.
+
+When the invocation holds an idempotency reservation, its outcome is recorded
+there for replay (the output sealed, never in clear), or the key is released
+when the failure changed nothing (see ``idempotency.records_for_replay``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from warden.shared.canonical import canonical_json, compact_json, strict_loads
 from warden.shared.codes import STAGES
-from warden.shared.schema import redact
 from warden_server.audit.events import AuditEvent, now_iso
 from warden_server.auth.services import Service
 from warden_server.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from warden_server.grants import GrantError
-from warden_server.store import WriteTransaction
+from warden_server.pipeline.idempotency import records_for_replay, replay_binding
+from warden_server.store import IdempotencyRecord, WriteTransaction
 
 if TYPE_CHECKING:
     from warden_server.plane import Plane
@@ -44,6 +50,8 @@ class CompleteRequest:
     cause_message: str
     stack: str
     duration_ms: int
+    deadline: float = math.inf
+    """When the plane stops working on this request (``time.monotonic()``)."""
 
 
 def complete(plane: Plane, request: CompleteRequest) -> int:
@@ -70,7 +78,7 @@ def complete(plane: Plane, request: CompleteRequest) -> int:
     if invocation is None:
         raise NotFound(f"no granted invocation {request.invocation_id}")
     capability = plane.registry.get(invocation.capability_id, invocation.capability_version)
-    output = None
+    output = value = None
     if request.output_json:
         try:
             value = strict_loads(request.output_json)
@@ -78,7 +86,7 @@ def complete(plane: Plane, request: CompleteRequest) -> int:
         except ValueError as exc:
             raise InvalidRequest(f"output_json is not valid JSON: {exc}") from None
         schema = capability.definition.output_schema if capability else {}
-        output = compact_json(redact(value, schema))
+        output = compact_json(plane.redaction.value(value, schema))
     failure = request.failure
     event = AuditEvent(
         kind="outcome",
@@ -103,14 +111,47 @@ def complete(plane: Plane, request: CompleteRequest) -> int:
         stack=request.stack[:MAX_DIAGNOSTIC_CHARS] or None,
         duration_ms=request.duration_ms,
         details=compact_json(failure.details) if failure and failure.details else None,
+        call_id=invocation.call_id,
+        attempt=invocation.attempt,
+    )
+    reservation = plane.store.idempotency_of(invocation.invocation_id)
+    sealed = (
+        plane.sealer.seal(compact_json(value), replay_binding(reservation))
+        if reservation is not None and request.status == "succeeded"
+        else None
     )
 
     def work(tx: WriteTransaction) -> int:
-        if not tx.complete_invocation(invocation.invocation_id, now_iso()):
+        completed_at = now_iso()
+        if not tx.complete_invocation(invocation.invocation_id, completed_at):
             raise Conflict(f"the outcome of {invocation.invocation_id} was already reported")
+        if reservation is not None:
+            _settle(tx, reservation, request, completed_at, sealed)
         return tx.append_audit(event)
 
-    return plane.store.transact(work)
+    return plane.store.transact(work, deadline=request.deadline)
+
+
+def _settle(
+    tx: WriteTransaction,
+    reservation: IdempotencyRecord,
+    request: CompleteRequest,
+    completed_at: str,
+    sealed: bytes | None,
+) -> None:
+    failure = request.failure
+    retryable = failure.retryable if failure else False
+    if not records_for_replay(request.status, retryable, request.executed_before_failure):
+        tx.release_idempotency(reservation.invocation_id)
+        return
+    tx.settle_idempotency(
+        reservation.invocation_id,
+        completed_at,
+        status=request.status,
+        failure=compact_json(asdict(failure)) if failure else None,
+        executed_before_failure=request.executed_before_failure,
+        sealed_output=sealed,
+    )
 
 
 def _check_shape(request: CompleteRequest) -> None:

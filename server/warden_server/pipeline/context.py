@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -12,7 +13,7 @@ from warden_server.policy.cel import Activation
 from warden_server.policy.engine import Decision, PolicySet
 from warden_server.policy.variables import decision_variables
 from warden_server.registry import Capability
-from warden_server.store import ApprovalRecord
+from warden_server.store import ApprovalRecord, IdempotencyRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,13 @@ class BeginRequest:
     context: dict[str, Any]
     approval_id: str
     idempotency_key: str
+    call_id: str | None = None
+    """The logical call this attempt belongs to (automatic retries, SI-11)."""
+    attempt: int | None = None
+    timeout_ms: int = 0
+    """The caller's time budget for the handler; zero means the capability's."""
+    deadline: float = math.inf
+    """When the plane stops working on this request (``time.monotonic()``)."""
 
 
 @dataclass(slots=True)
@@ -50,6 +58,13 @@ class BeginContext:
     approval: ApprovalRecord | None = None
     """The approval the call presented, once it is known to be bound to the call."""
     consume_approval: bool = False
+    approval_used_before: bool = False
+    """The presented approval was consumed by an earlier call with the same
+    idempotency key: only that call's replay may answer."""
+    reservation: IdempotencyRecord | None = None
+    """The idempotency key to reserve with the grant."""
+    replay: IdempotencyRecord | None = None
+    """A completed call with the same key and input: answer with its outcome."""
     reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -6,6 +6,7 @@ implementing ``Evaluator`` and passing the policy test suite identically.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,6 +21,11 @@ from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError
 
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+
+# cel-python logs whole activations, inputs included, at DEBUG (and a failing
+# function's arguments at ERROR): sensitive values in clear (SI-5). Its errors
+# come back to us as values and are recorded, scrubbed, in the audit log.
+logging.getLogger("celpy").setLevel(logging.CRITICAL)
 
 
 class CompileError(Exception):

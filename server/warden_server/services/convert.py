@@ -10,11 +10,13 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from warden.shared.canonical import canonical_json, compact_json, strict_loads
-from warden.v1 import approvals_pb2, errors_pb2, governor_pb2, policy_pb2, registry_pb2
+from warden.v1 import approvals_pb2, errors_pb2, governor_pb2, grants_pb2, policy_pb2, registry_pb2
 from warden_server.approvals.deciding import ApprovalView
 from warden_server.auth.actors import Actor
 from warden_server.errors import InvalidRequest
+from warden_server.grants import PublishedKey
 from warden_server.pipeline.failure import Failure
+from warden_server.pipeline.idempotency import Replayed
 from warden_server.plane import PolicyStatus
 from warden_server.policy.loader import Problem
 from warden_server.registry import (
@@ -52,6 +54,8 @@ OUTCOME_STATUSES = {
     governor_pb2.OUTCOME_STATUS_FAILED: "failed",
     governor_pb2.OUTCOME_STATUS_CANCELLED: "cancelled",
 }
+OUTCOME_STATUS_NUMBERS = {name: number for number, name in OUTCOME_STATUSES.items()}
+MAX_IDEMPOTENCY_KEY = 255
 
 
 def definition_from_proto(message: registry_pb2.CapabilityDefinition) -> CapabilityDefinition:
@@ -110,6 +114,28 @@ def failure_to_proto(failure: Failure) -> errors_pb2.Failure:
     )
 
 
+def replay_to_proto(replay: Replayed) -> governor_pb2.Replay:
+    message = governor_pb2.Replay(
+        original_invocation_id=replay.original_invocation_id,
+        status=OUTCOME_STATUS_NUMBERS[replay.status],
+        output_json=replay.output_json,
+        executed_before_failure=replay.executed_before_failure,
+        completed_at=timestamp(replay.completed_at),
+    )
+    if replay.failure is not None:
+        message.failure.CopyFrom(failure_to_proto(replay.failure))
+    return message
+
+
+def grant_key_to_proto(key: PublishedKey) -> grants_pb2.GrantKey:
+    return grants_pb2.GrantKey(
+        key_id=key.key_id,
+        algorithm="EdDSA",
+        public_key_pem=key.public_key_pem,
+        signing=key.signing,
+    )
+
+
 def actor_to_proto(actor: Actor) -> governor_pb2.Actor:
     return governor_pb2.Actor(
         id=actor.id,
@@ -145,11 +171,11 @@ def context_of(text: str, field: str = "context_json") -> dict[str, Any]:
     return value
 
 
-def invocation_id_of(text: str) -> str:
+def invocation_id_of(text: str, field: str = "invocation_id") -> str:
     try:
         return str(uuid.UUID(text))
     except ValueError:
-        raise InvalidRequest("invocation_id must be a UUID") from None
+        raise InvalidRequest(f"{field} must be a UUID") from None
 
 
 def details_of(text: str) -> dict[str, Any] | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 from warden.v1 import errors_pb2, governor_pb2, governor_pb2_grpc
@@ -34,7 +36,7 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
         try:
             service = calling_service(plane, context)
             service_name = service.name
-            decoded = _decode_begin(request, service)
+            decoded = _decode_begin(request, service, _deadline(plane, context))
             if plane.store.invocation_decided(decoded.invocation_id):
                 raise InvalidRequest(f"invocation_id {decoded.invocation_id} was already used")
         except (ServiceAuthenticationError, InvalidRequest) as exc:
@@ -96,16 +98,33 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
                 cause_message=request.diagnostics.cause_message,
                 stack=request.diagnostics.stack,
                 duration_ms=request.duration_ms,
+                deadline=_deadline(self._plane, context),
             ),
         )
         return governor_pb2.CompleteResponse(audit_seq=seq)
 
 
-def _decode_begin(request: governor_pb2.BeginRequest, service: Service) -> BeginRequest:
+def _deadline(plane: Plane, context: grpc.ServicerContext) -> float:
+    """When to stop working on a request: the plane's own budget, or the
+    caller's deadline when that comes first."""
+    budget = plane.config.server.request_deadline_ms / 1000
+    remaining = context.time_remaining()
+    if remaining is not None:
+        budget = min(budget, remaining)
+    return time.monotonic() + budget
+
+
+def _decode_begin(
+    request: governor_pb2.BeginRequest, service: Service, deadline: float
+) -> BeginRequest:
     if not request.capability_id:
         raise InvalidRequest("capability_id is required")
     if len(request.capability_id) > 200:
         raise InvalidRequest("capability_id is longer than 200 characters")
+    if len(request.idempotency_key) > convert.MAX_IDEMPOTENCY_KEY:
+        raise InvalidRequest(
+            f"idempotency_key is longer than {convert.MAX_IDEMPOTENCY_KEY} characters"
+        )
     return BeginRequest(
         service=service,
         invocation_id=convert.invocation_id_of(request.invocation_id),
@@ -117,6 +136,10 @@ def _decode_begin(request: governor_pb2.BeginRequest, service: Service) -> Begin
         context=convert.context_of(request.context_json),
         approval_id=request.approval_id,
         idempotency_key=request.idempotency_key,
+        call_id=convert.invocation_id_of(request.call_id, "call_id") if request.call_id else None,
+        attempt=request.attempt or None,
+        timeout_ms=request.timeout_ms,
+        deadline=deadline,
     )
 
 
@@ -147,6 +170,8 @@ def _encode_begin(result: BeginResult) -> governor_pb2.BeginResponse:
                 expires_at=convert.timestamp(result.approval_expires_at),
             )
         )
+    elif result.replay is not None:
+        response.replay.CopyFrom(convert.replay_to_proto(result.replay))
     else:
         assert result.failure is not None
         failure: errors_pb2.Failure = convert.failure_to_proto(result.failure)

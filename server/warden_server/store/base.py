@@ -6,7 +6,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from warden_server.audit.events import AuditEvent
-from warden_server.store.records import ApprovalRecord, CapabilityRecord, InvocationRecord
+from warden_server.store.records import (
+    ApprovalRecord,
+    CapabilityRecord,
+    IdempotencyRecord,
+    InvocationRecord,
+)
 
 T = TypeVar("T")
 
@@ -58,15 +63,41 @@ class WriteTransaction(Protocol):
         """Up to ``limit`` pending or approved approvals whose time is up, oldest first."""
         ...
 
+    def reserve_idempotency(self, record: IdempotencyRecord, now: str) -> bool:
+        """Reserve a key unless a reservation that has not expired by ``now``
+        holds it; False if one does. Expired reservations are purged."""
+        ...
+
+    def settle_idempotency(
+        self,
+        invocation_id: str,
+        completed_at: str,
+        *,
+        status: str,
+        failure: str | None,
+        executed_before_failure: bool,
+        sealed_output: bytes | None,
+    ) -> None:
+        """Record the outcome of the invocation holding a reservation, for replay."""
+        ...
+
+    def release_idempotency(self, invocation_id: str) -> None:
+        """Drop the reservation an invocation holds, so that a repeat runs afresh."""
+        ...
+
 
 class Store(Protocol):
     """Everything the plane persists."""
 
-    def transact(self, work: Callable[[WriteTransaction], T]) -> T:
+    def transact(
+        self, work: Callable[[WriteTransaction], T], *, deadline: float | None = None
+    ) -> T:
         """Run ``work`` in a write transaction and return once it is durable.
 
         Concurrent callers' transactions may be committed together (group
         commit); each one's work is isolated, so one failing undoes only itself.
+        Work that has not started by ``deadline`` (``time.monotonic()``) never
+        runs: ``StoreError`` is raised instead.
         """
         ...
 
@@ -85,6 +116,14 @@ class Store(Protocol):
         ...
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
+
+    def get_idempotency(
+        self, service: str, capability_id: str, actor_id: str, key: str
+    ) -> IdempotencyRecord | None: ...
+
+    def idempotency_of(self, invocation_id: str) -> IdempotencyRecord | None:
+        """The reservation an invocation holds, if any."""
+        ...
 
     def list_approvals(
         self, tenant: str, states: Sequence[str] = (), limit: int = 100

@@ -132,7 +132,43 @@ def _m002_approvals(db: sqlite_utils.Database) -> None:
     table.create_index(["tenant", "created_at"])
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial, _m002_approvals]
+def _m003_idempotency(db: sqlite_utils.Database) -> None:
+    db.table("idempotency_keys").create(
+        {
+            "service": str,
+            "capability_id": str,
+            "actor_id": str,
+            "key": str,
+            "input_digest": str,
+            "invocation_id": str,
+            "state": str,
+            "created_at": str,
+            "expires_at": str,
+            "completed_at": str,
+            "status": str,
+            "failure": str,
+            "executed_before_failure": int,
+            "sealed_output": bytes,
+        },
+        pk=("service", "capability_id", "actor_id", "key"),
+        not_null={"input_digest", "invocation_id", "state", "created_at", "expires_at"},
+    )
+    keys = db.table("idempotency_keys")
+    keys.create_index(["invocation_id"])
+    keys.create_index(["expires_at"])
+    # Every attempt of one logical call (automatic retries, SI-11) shares a call id.
+    db.table("audit_events").add_column("call_id", str)
+    db.table("audit_events").add_column("attempt", int)
+    db.table("audit_events").create_index(["call_id"])
+    db.table("invocations").add_column("call_id", str)
+    db.table("invocations").add_column("attempt", int)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _m001_initial,
+    _m002_approvals,
+    _m003_idempotency,
+]
 
 
 def migrate(conn: sqlite3.Connection) -> int:

@@ -36,6 +36,9 @@ class InvocationRecord:
     granted_at: str
     expires_at: str
     completed_at: str | None = None
+    call_id: str | None = None
+    """The logical call this attempt belongs to (SI-11)."""
+    attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +72,29 @@ class ApprovalRecord:
     requester: str | None = None
     """The requester's claims as JSON (``id``, ``roles``, ``tenant``, ``attrs``),
     so that the approvers condition can read them when an approver decides."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    """A reserved idempotency key (SPEC §8): scoped to service, capability and
+    actor, bound to one input digest, held by one invocation."""
+
+    service: str
+    capability_id: str
+    actor_id: str
+    key: str
+    input_digest: str
+    invocation_id: str
+    """The invocation that holds the reservation (and ran the handler)."""
+    state: str
+    """``in_progress`` until the outcome arrives, then ``completed``."""
+    created_at: str
+    expires_at: str
+    completed_at: str | None = None
+    status: str | None = None
+    """The recorded outcome: ``succeeded``, ``failed`` or ``cancelled``."""
+    failure: str | None = None
+    """The recorded failure's public face, as JSON."""
+    executed_before_failure: bool | None = None
+    sealed_output: bytes | None = None
+    """The output, sealed (see ``sealing``): never stored in clear."""

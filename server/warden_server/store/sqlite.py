@@ -14,6 +14,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
@@ -25,7 +26,12 @@ from warden_server.audit.events import COLUMNS, AuditEvent
 from warden_server.errors import Conflict
 from warden_server.store.base import StoreError
 from warden_server.store.migrations import migrate
-from warden_server.store.records import ApprovalRecord, CapabilityRecord, InvocationRecord
+from warden_server.store.records import (
+    ApprovalRecord,
+    CapabilityRecord,
+    IdempotencyRecord,
+    InvocationRecord,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -35,6 +41,8 @@ _INSERT_AUDIT = (
     f"VALUES ({', '.join(':' + c for c in COLUMNS)})"
 )
 _STOP = object()
+_PURGE_BATCH = 100
+"""Expired idempotency keys purged per reservation: bounded work per request."""
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -47,10 +55,11 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 class _Job:
-    __slots__ = ("future", "work")
+    __slots__ = ("deadline", "future", "work")
 
-    def __init__(self, work: Callable[[SQLiteTransaction], Any]) -> None:
+    def __init__(self, work: Callable[[SQLiteTransaction], Any], deadline: float | None) -> None:
         self.work = work
+        self.deadline = deadline
         self.future: Future[Any] = Future()
 
 
@@ -131,6 +140,53 @@ class SQLiteTransaction:
         )
         return bool(cursor.rowcount == 1)
 
+    def reserve_idempotency(self, record: IdempotencyRecord, now: str) -> bool:
+        self._conn.execute(
+            "DELETE FROM idempotency_keys WHERE rowid IN (SELECT rowid FROM idempotency_keys "
+            "WHERE expires_at <= ? LIMIT ?)",
+            (now, _PURGE_BATCH),
+        )
+        row = asdict(record)
+        cursor = self._conn.execute(
+            f"INSERT INTO idempotency_keys ({', '.join(row)}) "  # noqa: S608 (dataclass fields)
+            f"VALUES ({', '.join(':' + k for k in row)}) "
+            "ON CONFLICT (service, capability_id, actor_id, key) DO UPDATE SET "
+            + ", ".join(f"{k} = excluded.{k}" for k in row)
+            + " WHERE idempotency_keys.expires_at <= :now",
+            {**row, "now": now},
+        )
+        return bool(cursor.rowcount == 1)
+
+    def settle_idempotency(
+        self,
+        invocation_id: str,
+        completed_at: str,
+        *,
+        status: str,
+        failure: str | None,
+        executed_before_failure: bool,
+        sealed_output: bytes | None,
+    ) -> None:
+        self._conn.execute(
+            "UPDATE idempotency_keys SET state = 'completed', completed_at = ?, status = ?, "
+            "failure = ?, executed_before_failure = ?, sealed_output = ? "
+            "WHERE invocation_id = ? AND state = 'in_progress'",
+            (
+                completed_at,
+                status,
+                failure,
+                int(executed_before_failure),
+                sealed_output,
+                invocation_id,
+            ),
+        )
+
+    def release_idempotency(self, invocation_id: str) -> None:
+        self._conn.execute(
+            "DELETE FROM idempotency_keys WHERE invocation_id = ? AND state = 'in_progress'",
+            (invocation_id,),
+        )
+
     def decide_approval(
         self, approval_id: str, state: str, decided_by: str, reason: str | None, decided_at: str
     ) -> bool:
@@ -182,10 +238,12 @@ class SQLiteStore:
 
     # -- writing -----------------------------------------------------------
 
-    def transact(self, work: Callable[[SQLiteTransaction], T]) -> T:
+    def transact(
+        self, work: Callable[[SQLiteTransaction], T], *, deadline: float | None = None
+    ) -> T:
         if self._closed:
             raise StoreError("the store is closed")
-        job = _Job(work)
+        job = _Job(work, deadline)
         self._queue.put(job)
         result: T = job.future.result()
         return result
@@ -226,6 +284,10 @@ class SQLiteStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in batch:
+                if job.deadline is not None and time.monotonic() > job.deadline:
+                    # Its requester has stopped waiting: what it would write must not exist.
+                    outcomes.append((job, None, StoreError("the request's deadline passed")))
+                    continue
                 head = (self._head.seq, self._head.hash)
                 conn.execute("SAVEPOINT job")
                 try:
@@ -328,6 +390,28 @@ class SQLiteStore:
         )
         return ApprovalRecord(**dict(row)) if row else None
 
+    def get_idempotency(
+        self, service: str, capability_id: str, actor_id: str, key: str
+    ) -> IdempotencyRecord | None:
+        row = (
+            self._reader()
+            .execute(
+                "SELECT * FROM idempotency_keys WHERE service = ? AND capability_id = ? "
+                "AND actor_id = ? AND key = ?",
+                (service, capability_id, actor_id, key),
+            )
+            .fetchone()
+        )
+        return _idempotency(row) if row else None
+
+    def idempotency_of(self, invocation_id: str) -> IdempotencyRecord | None:
+        row = (
+            self._reader()
+            .execute("SELECT * FROM idempotency_keys WHERE invocation_id = ?", (invocation_id,))
+            .fetchone()
+        )
+        return _idempotency(row) if row else None
+
     def list_approvals(
         self, tenant: str, states: Sequence[str] = (), limit: int = 100
     ) -> list[ApprovalRecord]:
@@ -378,4 +462,12 @@ def _capability(row: sqlite3.Row) -> CapabilityRecord:
         digest=row["digest"],
         definition=json.loads(row["definition"]),
         registered_at=row["registered_at"],
+    )
+
+
+def _idempotency(row: sqlite3.Row) -> IdempotencyRecord:
+    values = dict(row)
+    executed = values.pop("executed_before_failure")
+    return IdempotencyRecord(
+        **values, executed_before_failure=None if executed is None else bool(executed)
     )

@@ -1,0 +1,392 @@
+"""One attempt of a call: ``Begin``, then the replay it answers with, or the
+handler within its time budget, its output checked, and ``Complete``.
+
+An attempt never raises for a governed failure and answers cancellation with
+a ``cancelled`` envelope. Sensitive values (SI-5) are scrubbed here out of
+everything that leaves the service besides the input and output themselves:
+the diagnostics of a failure, and the details a declared error carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import json
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from warden._capability import CapabilitySpec
+from warden._context import Actor, Context, DeclaredErrors
+from warden._envelope import Envelope, Status
+from warden._errors import CapabilityError, WardenError
+from warden._transport import Transport
+from warden.shared.canonical import compact_json
+from warden.shared.redaction import scrub_json, scrub_text, sensitive_texts
+from warden.shared.schema import strip_model_hidden, validation_issues
+from warden.v1 import errors_pb2, governor_pb2
+
+log = logging.getLogger("warden")
+
+_STATUSES: dict[int, Status] = {
+    governor_pb2.OUTCOME_STATUS_SUCCEEDED: "succeeded",
+    governor_pb2.OUTCOME_STATUS_FAILED: "failed",
+    governor_pb2.OUTCOME_STATUS_CANCELLED: "cancelled",
+}
+
+
+class OutputInvalidError(Exception):
+    """The handler's output broke its schema (a private cause: never shown to models)."""
+
+
+class CancelledAfterOutcome(Exception):
+    """The caller cancelled once the attempt's outcome was known: the outcome
+    stands (the handler's work is done), and no further attempt is made."""
+
+    def __init__(self, envelope: Envelope) -> None:
+        super().__init__(envelope.status)
+        self.envelope = envelope
+
+
+@dataclass(slots=True)
+class _Granted:
+    """What one granted attempt knows while it runs."""
+
+    invocation_id: str
+    token: str
+    spec: CapabilitySpec | None
+    started: float = field(default_factory=time.monotonic)
+    secrets: frozenset[str] = frozenset()
+    """The text of every sensitive value in the input (and output, once known)."""
+
+
+class AttemptRunner:
+    """Runs attempts against one plane, with one pool of handler threads."""
+
+    def __init__(self, transport: Transport, executor: concurrent.futures.Executor) -> None:
+        self._transport = transport
+        self._executor = executor
+
+    async def run(
+        self, spec: CapabilitySpec | None, request: governor_pb2.BeginRequest
+    ) -> Envelope:
+        """One attempt of ``spec`` (None: a capability this runtime does not serve)."""
+        invocation_id = request.invocation_id
+        begin = asyncio.ensure_future(self._transport.begin(request))
+        try:
+            response = await asyncio.shield(begin)
+        except asyncio.CancelledError:
+            uncancel()
+            return await self._cancelled_during_begin(spec, invocation_id, begin)
+        except CapabilityError as error:
+            return Envelope("failed", invocation_id, error=error)
+        outcome = response.WhichOneof("outcome")
+        if outcome == "failure":
+            return Envelope("failed", invocation_id, error=error_from_proto(response.failure))
+        if outcome == "suspension":
+            suspension = response.suspension
+            return Envelope(
+                "suspended",
+                invocation_id,
+                error=error_from_proto(suspension.failure),
+                approval_id=suspension.approval_id,
+            )
+        if outcome == "replay":
+            return _replayed(spec, invocation_id, response.replay)
+        granted = _Granted(invocation_id, response.grant.token, spec)
+        if spec is None:
+            cause = WardenError(f"no handler for {request.capability_id} here")
+            return await self._report(granted, CapabilityError("INTERNAL_ERROR", cause=cause))
+        return await self._execute(granted, spec, response.grant)
+
+    async def _cancelled_during_begin(
+        self,
+        spec: CapabilitySpec | None,
+        invocation_id: str,
+        begin: asyncio.Future[governor_pb2.BeginResponse],
+    ) -> Envelope:
+        # The plane may grant all the same. Wait for its answer and close a
+        # grant out as cancelled, so that it is audited and an idempotency key
+        # it reserved is released rather than left running.
+        cancelled = CapabilityError("CANCELLED")
+        try:
+            response = await begin
+        except CapabilityError:
+            return Envelope("cancelled", invocation_id, error=cancelled)
+        if response.WhichOneof("outcome") == "grant":
+            granted = _Granted(invocation_id, response.grant.token, spec)
+            return await self._report(granted, cancelled)
+        return Envelope("cancelled", invocation_id, error=cancelled)
+
+    async def _execute(
+        self, granted: _Granted, spec: CapabilitySpec, grant: governor_pb2.Grant
+    ) -> Envelope:
+        attrs = json.loads(grant.actor.attrs_json) if grant.actor.attrs_json else {}
+        ctx = Context(
+            actor=Actor(
+                id=grant.actor.id,
+                roles=tuple(grant.actor.roles),
+                tenant=grant.actor.tenant,
+                attrs=attrs,
+            ),
+            invocation_id=granted.invocation_id,
+            errors=DeclaredErrors(spec.errors),
+            grant_token=grant.token,
+        )
+        try:
+            granted.secrets = sensitive_texts(json.loads(grant.input_json), spec.input_schema)
+            model = spec.input_model.model_validate_json(grant.input_json)
+        except (ValidationError, ValueError) as exc:
+            issues = _pydantic_issues(exc) if isinstance(exc, ValidationError) else []
+            error = CapabilityError("INPUT_INVALID", details={"issues": issues}, cause=exc)
+            return await self._report(granted, error)
+        # The plane granted the budget that applies: the capability's, or the
+        # caller's when that is shorter.
+        budget_s = grant.timeout_ms / 1000 if grant.timeout_ms else None
+        ran = threading.Event()
+        try:
+            result = await asyncio.wait_for(self._run(spec, model, ctx, ran), budget_s)
+        except TimeoutError as exc:
+            error = CapabilityError("TIMEOUT", cause=exc)
+            return await self._report(granted, error, executed=ran.is_set())
+        except asyncio.CancelledError:
+            # The caller cancelled while the handler ran: the answer is an envelope
+            # with status cancelled, reported like every other outcome.
+            uncancel()
+            error = CapabilityError("CANCELLED")
+            return await self._report(granted, error, executed=ran.is_set())
+        except CapabilityError as raised:
+            declared = spec.errors.get(raised.code)
+            if declared is not None and raised.expose_to_model:
+                return await self._report(granted, raised)
+            error = CapabilityError("INTERNAL_ERROR", cause=raised)
+            return await self._report(granted, error, executed=True)
+        except Exception as exc:
+            error = CapabilityError("INTERNAL_ERROR", cause=exc)
+            return await self._report(granted, error, executed=True)
+        try:
+            output_json, output = _checked_output(spec, result, granted)
+        except OutputInvalidError as exc:
+            error = CapabilityError("OUTPUT_INVALID", cause=exc)
+            return await self._report(granted, error, executed=True)
+        return await self._report(granted, None, output_json=output_json, output=output)
+
+    async def _run(
+        self, spec: CapabilitySpec, model: BaseModel, ctx: Context, ran: threading.Event
+    ) -> Any:
+        if spec.is_async:
+            ran.set()
+            return await spec.handler(model, ctx)
+
+        def call() -> Any:
+            ran.set()
+            return spec.handler(model, ctx)
+
+        loop = asyncio.get_running_loop()
+        copy = contextvars.copy_context()
+        return await loop.run_in_executor(self._executor, functools.partial(copy.run, call))
+
+    async def _report(
+        self,
+        granted: _Granted,
+        error: CapabilityError | None,
+        *,
+        executed: bool = False,
+        output_json: Any = None,
+        output: Any = None,
+    ) -> Envelope:
+        """Step 14: report the outcome, then answer with the envelope."""
+        request = governor_pb2.CompleteRequest(
+            invocation_id=granted.invocation_id,
+            grant_token=granted.token,
+            executed_before_failure=executed and error is not None,
+            duration_ms=int((time.monotonic() - granted.started) * 1000),
+        )
+        if error is None:
+            # In clear: the plane redacts what it stores, and seals what it keeps for replay.
+            request.status = governor_pb2.OUTCOME_STATUS_SUCCEEDED
+            request.output_json = compact_json(output_json)
+        else:
+            if error.details and granted.secrets:
+                error.details = scrub_json(error.details, granted.secrets)
+            cancelled = error.code == "CANCELLED"
+            request.status = (
+                governor_pb2.OUTCOME_STATUS_CANCELLED
+                if cancelled
+                else governor_pb2.OUTCOME_STATUS_FAILED
+            )
+            request.failure.CopyFrom(error_to_proto(error))
+            request.diagnostics.CopyFrom(_diagnostics(error.cause, granted.secrets))
+        # The report always finishes: an outcome the plane never hears of would
+        # leave the audit trail short and an idempotency key in doubt.
+        reporting = asyncio.ensure_future(self._report_outcome(request))
+        try:
+            await asyncio.shield(reporting)
+            cancelled_late = False
+        except asyncio.CancelledError:
+            uncancel()
+            await reporting
+            cancelled_late = True
+        envelope = _answer(granted, error, request.executed_before_failure, output_json, output)
+        if cancelled_late:
+            raise CancelledAfterOutcome(envelope)
+        return envelope
+
+    async def _report_outcome(self, request: governor_pb2.CompleteRequest) -> None:
+        try:
+            await self._transport.complete(request)
+        except CapabilityError as report_error:
+            log.error(
+                "the outcome of invocation %s could not be reported: %s",
+                request.invocation_id,
+                report_error.cause,
+            )
+
+
+def _answer(
+    granted: _Granted,
+    error: CapabilityError | None,
+    executed_before_failure: bool,
+    output_json: Any,
+    output: Any,
+) -> Envelope:
+    """The envelope for a reported outcome."""
+    spec = granted.spec
+    if error is None:
+        model_output = strip_model_hidden(output_json, spec.output_schema) if spec else None
+        return Envelope(
+            "succeeded", granted.invocation_id, output=output, model_output=model_output
+        )
+    status: Status = "cancelled" if error.code == "CANCELLED" else "failed"
+    return Envelope(
+        status,
+        granted.invocation_id,
+        error=error,
+        executed_before_failure=executed_before_failure,
+    )
+
+
+def _replayed(
+    spec: CapabilitySpec | None, invocation_id: str, replay: governor_pb2.Replay
+) -> Envelope:
+    """The recorded outcome of the call that holds the idempotency key."""
+    status = _STATUSES.get(replay.status, "failed")
+    original = replay.original_invocation_id
+    if status != "succeeded":
+        return Envelope(
+            status,
+            invocation_id,
+            error=error_from_proto(replay.failure),
+            executed_before_failure=replay.executed_before_failure,
+            replayed_from=original,
+        )
+    value = json.loads(replay.output_json)
+    if spec is None:
+        return Envelope("succeeded", invocation_id, output=value, replayed_from=original)
+    try:
+        output = spec.output_model.model_validate(value)
+    except ValidationError as exc:
+        # Recorded under an earlier version whose output no longer fits the model.
+        error = CapabilityError("OUTPUT_INVALID", cause=exc)
+        return Envelope(
+            "failed",
+            invocation_id,
+            error=error,
+            executed_before_failure=True,
+            replayed_from=original,
+        )
+    return Envelope(
+        "succeeded",
+        invocation_id,
+        output=output,
+        model_output=strip_model_hidden(value, spec.output_schema),
+        replayed_from=original,
+    )
+
+
+def uncancel() -> None:
+    """Take back a cancellation the current task has handled (answered with an envelope)."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+def _checked_output(spec: CapabilitySpec, result: Any, granted: _Granted) -> tuple[Any, BaseModel]:
+    if isinstance(result, BaseModel):
+        if not isinstance(result, spec.output_model):
+            raise OutputInvalidError(
+                f"handler returned {type(result).__name__}, not {spec.output_model.__name__}"
+            )
+        value = result.model_dump(mode="json")
+    else:
+        value = result
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise OutputInvalidError(f"output is not JSON: {type(exc).__name__}") from None
+    granted.secrets |= sensitive_texts(value, spec.output_schema)
+    issues = validation_issues(spec.output_validator, value)
+    if issues:
+        raise OutputInvalidError(
+            "output does not match its schema: "
+            + "; ".join(f"{i.path or '/'} {i.message}" for i in issues)
+        )
+    try:
+        return value, spec.output_model.model_validate(value)
+    except ValidationError as exc:
+        raise OutputInvalidError(
+            f"output does not match its model: {exc.error_count()} errors"
+        ) from None
+
+
+def _pydantic_issues(exc: ValidationError) -> list[dict[str, str]]:
+    return sorted(
+        (
+            {"path": "".join(f"/{p}" for p in e["loc"]), "message": e["msg"]}
+            for e in exc.errors(include_input=False, include_url=False)
+        ),
+        key=lambda i: (i["path"], i["message"]),
+    )
+
+
+def error_from_proto(failure: errors_pb2.Failure) -> CapabilityError:
+    details = json.loads(failure.details_json) if failure.details_json else None
+    return CapabilityError(
+        failure.code,
+        failure.public_message,
+        stage=failure.stage,
+        retryable=failure.retryable,
+        expose_to_model=failure.exposed,
+        details=details,
+    )
+
+
+def error_to_proto(error: CapabilityError) -> errors_pb2.Failure:
+    return errors_pb2.Failure(
+        code=error.code,
+        stage=error.stage,
+        public_message=error.public_message,
+        retryable=error.retryable,
+        exposed=error.expose_to_model,
+        details_json=compact_json(error.details) if error.details else "",
+    )
+
+
+def _diagnostics(cause: BaseException | None, secrets: frozenset[str]) -> governor_pb2.Diagnostics:
+    """The private body of a failure, with every sensitive value masked: an
+    exception message is a classic way for a card number to reach a log."""
+    if cause is None:
+        return governor_pb2.Diagnostics()
+    stack = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    return governor_pb2.Diagnostics(
+        cause_type=f"{type(cause).__module__}.{type(cause).__qualname__}",
+        cause_message=scrub_text(str(cause), secrets),
+        stack=scrub_text(stack, secrets),
+    )

@@ -1,0 +1,80 @@
+"""Honest retries (SI-11): when the runtime may try a call again on its own,
+and how long it waits first."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from warden._capability import SideEffect
+from warden._envelope import Envelope
+
+_SAFE_TO_REPEAT: tuple[SideEffect, ...] = ("read", "idempotent")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How many times, and how patiently, the runtime retries a call.
+
+    The policy says how; ``may_retry`` says whether, and no policy overrides
+    that. Waits grow exponentially from ``initial_backoff_ms`` up to
+    ``max_backoff_ms`` with full jitter (a uniform draw below the cap), so
+    that many callers failing together do not retry together. A
+    ``retry_after_ms`` in the error's details (``RATE_LIMITED``) is waited
+    out in full.
+
+    Attributes:
+        max_attempts: Attempts in all, the first included; 1 never retries.
+        initial_backoff_ms: The cap of the first wait.
+        max_backoff_ms: The cap no wait grows beyond.
+        multiplier: How much the cap grows per attempt.
+    """
+
+    max_attempts: int = 3
+    initial_backoff_ms: int = 100
+    max_backoff_ms: int = 2_000
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.initial_backoff_ms < 0 or self.max_backoff_ms < self.initial_backoff_ms:
+            raise ValueError("backoffs must satisfy 0 <= initial_backoff_ms <= max_backoff_ms")
+        if self.multiplier < 1:
+            raise ValueError("multiplier must be at least 1")
+
+    def delay_s(self, attempt: int, envelope: Envelope, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (from 1)."""
+        cap = min(self.max_backoff_ms, self.initial_backoff_ms * self.multiplier ** (attempt - 1))
+        delay_ms = (rng or random).uniform(0, cap)
+        details = envelope.error.details if envelope.error else None
+        asked = details.get("retry_after_ms") if isinstance(details, dict) else None
+        if isinstance(asked, int | float) and not isinstance(asked, bool):
+            delay_ms = max(delay_ms, float(asked))
+        return delay_ms / 1000
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+"""A policy that never retries."""
+
+
+def may_retry(envelope: Envelope, side_effect: SideEffect | None, idempotency_key: str) -> bool:
+    """Whether repeating this failed attempt is honest (SI-11).
+
+    Only a retryable failure is retried, and only when repeating cannot do
+    harm twice: the capability is ``read`` or ``idempotent``, or the call
+    carries an idempotency key (the plane then runs it at most once). Never
+    after the handler ran for a ``write``: its side effect may exist. A
+    capability this runtime does not serve counts as a ``write``.
+    """
+    error = envelope.error
+    if envelope.status != "failed" or error is None or not error.retryable:
+        return False
+    if envelope.replayed_from is not None:
+        return False  # a replay answers the same way every time
+    if error.stage == "approval":
+        return False  # APPROVAL_EXPIRED: only a fresh call (a new approval) can succeed
+    safe = side_effect in _SAFE_TO_REPEAT
+    if envelope.executed_before_failure and not safe:
+        return False
+    return safe or bool(idempotency_key)

@@ -1,0 +1,154 @@
+"""The grant token: an Ed25519-signed JWT (``alg: EdDSA``, with a ``kid``).
+
+The plane signs grants; the plane itself, the SDK's ``verify_grant`` and any
+downstream service decode them with the plane's published public keys. The
+claims are:
+
+====== =====================================================
+claim  meaning
+====== =====================================================
+iss    always ``warden``
+jti    the invocation id
+sub    the actor id
+cap    the capability id
+ver    the capability version
+svc    the service that may run the handler
+dig    ``sha256:<hex>`` of the RFC 8785 canonical input
+iat    issued at (seconds since the epoch)
+exp    expires at (seconds since the epoch)
+====== =====================================================
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+GRANT_ISSUER: Final = "warden"
+ALGORITHM: Final = "EdDSA"
+
+
+class GrantError(Exception):
+    """A grant is forged, expired, signed by an unknown key or bound to something else."""
+
+
+@dataclass(frozen=True, slots=True)
+class GrantClaims:
+    """What a grant permits: one invocation of one capability version, for one
+    actor and exactly one input (by digest), until ``expires_at``."""
+
+    invocation_id: str
+    capability_id: str
+    capability_version: str
+    service: str
+    actor_id: str
+    input_digest: str
+    expires_at: int
+    """Seconds since the epoch."""
+
+
+def key_id(public_key: Ed25519PublicKey) -> str:
+    """A key's id: the first 96 bits of the SHA-256 of its raw bytes, base64url."""
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.urlsafe_b64encode(hashlib.sha256(raw).digest()[:12]).decode()
+
+
+def public_key_pem(public_key: Ed25519PublicKey) -> str:
+    return public_key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
+
+
+def load_public_key(pem: str | bytes) -> Ed25519PublicKey:
+    """An Ed25519 public key from PEM (a public key, or a private key's public half).
+
+    Raises:
+        ValueError: not PEM, or not an Ed25519 key.
+    """
+    data = pem.encode() if isinstance(pem, str) else pem
+    if b"PRIVATE KEY" in data:
+        private = serialization.load_pem_private_key(data, password=None)
+        if not isinstance(private, Ed25519PrivateKey):
+            raise ValueError("not an Ed25519 key")
+        return private.public_key()
+    public = serialization.load_pem_public_key(data)
+    if not isinstance(public, Ed25519PublicKey):
+        raise ValueError("not an Ed25519 key")
+    return public
+
+
+def encode(claims: GrantClaims, private_key: Ed25519PrivateKey, *, issued_at: int) -> str:
+    """Sign ``claims`` as a grant token."""
+    payload: dict[str, Any] = {
+        "iss": GRANT_ISSUER,
+        "jti": claims.invocation_id,
+        "sub": claims.actor_id,
+        "cap": claims.capability_id,
+        "ver": claims.capability_version,
+        "svc": claims.service,
+        "dig": claims.input_digest,
+        "iat": issued_at,
+        "exp": claims.expires_at,
+    }
+    headers = {"kid": key_id(private_key.public_key())}
+    return jwt.encode(payload, private_key, algorithm=ALGORITHM, headers=headers)
+
+
+def decode(
+    token: str,
+    keys: Mapping[str, Ed25519PublicKey],
+    *,
+    verify_expiry: bool = True,
+    now: float | None = None,
+    leeway_s: float = 0,
+) -> GrantClaims:
+    """The claims of a grant signed by one of ``keys`` (by key id).
+
+    Raises:
+        GrantError: malformed, signed by a key not in ``keys``, a bad
+            signature, or (when asked) expired.
+    """
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.PyJWTError as exc:
+        raise GrantError(f"not a grant token: {exc}") from None
+    kid = header.get("kid")
+    key = keys.get(kid) if isinstance(kid, str) else None
+    if key is None:
+        raise GrantError(f"signed by an unknown key (kid {kid!r})")
+    try:
+        payload = jwt.decode(
+            token,
+            key,
+            algorithms=[ALGORITHM],
+            issuer=GRANT_ISSUER,
+            options={
+                "verify_exp": False,
+                "verify_iat": False,
+                "require": ["iss", "jti", "sub", "cap", "ver", "svc", "dig", "exp"],
+            },
+        )
+    except jwt.PyJWTError as exc:
+        raise GrantError(f"grant rejected: {exc}") from None
+    if not isinstance(payload["exp"], int):
+        raise GrantError("grant rejected: exp is not an integer")
+    moment = time.time() if now is None else now
+    if verify_expiry and moment >= payload["exp"] + leeway_s:
+        raise GrantError("grant expired")
+    return GrantClaims(
+        invocation_id=str(payload["jti"]),
+        capability_id=str(payload["cap"]),
+        capability_version=str(payload["ver"]),
+        service=str(payload["svc"]),
+        actor_id=str(payload["sub"]),
+        input_digest=str(payload["dig"]),
+        expires_at=payload["exp"],
+    )

@@ -1,0 +1,50 @@
+"""Sealing recorded outputs for idempotent replay.
+
+A replay must hand back the output exactly as the handler returned it,
+sensitive fields included, yet the store must never hold a sensitive value in
+clear (SI-5). So the plane keeps a replayable output only sealed: AES-256-GCM
+under a key derived from ``idempotency.replay_key``, bound (as associated
+data) to the reservation it answers, so a sealed output cannot be moved to
+another key, actor or input.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+_NONCE_BYTES: Final = 12
+_INFO: Final = b"warden idempotent replay v1"
+
+
+class Sealer:
+    """Seals and opens replayable outputs with one key."""
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+
+    @classmethod
+    def from_secret(cls, secret: str | None) -> Sealer:
+        """A sealer keyed by ``secret`` (through HKDF-SHA256), or by a fresh
+        random key when ``secret`` is None."""
+        if secret is None:
+            return cls(AESGCM.generate_key(bit_length=256))
+        kdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO)
+        return cls(kdf.derive(secret.encode()))
+
+    def seal(self, plaintext: str, binding: str) -> bytes:
+        nonce = os.urandom(_NONCE_BYTES)
+        return nonce + self._aead.encrypt(nonce, plaintext.encode(), binding.encode())
+
+    def open(self, sealed: bytes, binding: str) -> str | None:
+        """The plaintext, or None when it was sealed under another key or binding."""
+        nonce, body = sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:]
+        try:
+            return self._aead.decrypt(nonce, body, binding.encode()).decode()
+        except (InvalidTag, ValueError):
+            return None
