@@ -8,7 +8,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
-Kind = Literal["decision", "outcome", "approval", "policy", "registry"]
+from opentelemetry import trace
+
+Kind = Literal["decision", "outcome", "approval", "policy", "registry", "access", "retention"]
+KINDS: Final[tuple[Kind, ...]] = (
+    "decision",
+    "outcome",
+    "approval",
+    "policy",
+    "registry",
+    "access",
+    "retention",
+)
+"""Every kind of record: ``access`` is a read of the audit API (SI-13),
+``retention`` a pruning with its checkpoint."""
 
 COLUMNS: Final = (
     "seq",
@@ -50,6 +63,12 @@ COLUMNS: Final = (
 ``details`` (the model-safe details that were returned)."""
 
 
+def current_trace_id() -> str | None:
+    """The trace id of the span this thread is in (32 hex digits), or None outside a trace."""
+    context = trace.get_current_span().get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else None
+
+
 def now_iso() -> str:
     """The current UTC time as ISO 8601 with milliseconds, e.g. 2026-01-02T03:04:05.678Z."""
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -88,7 +107,8 @@ class AuditEvent:
     cause_message: str | None = None
     stack: str | None = None
     duration_ms: int | None = None
-    trace_id: str | None = None
+    trace_id: str | None = dataclasses.field(default_factory=current_trace_id)
+    """The trace the record was written in: a decision carries its Begin's trace."""
     reason: str | None = None
     details: str | None = None
     event_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)

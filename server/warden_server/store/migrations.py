@@ -120,7 +120,32 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
     db.table("approvals").create_index(["tenant", "state"])
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial]
+def _m004_audit(db: sqlite_utils.Database) -> None:
+    """Indexes for the remaining audit filters, and retention checkpoints.
+
+    Every filter column is indexed together with ``ts``; SQLite appends the
+    rowid (``seq``) to each index, so "newest first" (``ts DESC, seq DESC``)
+    reads an index backwards and stops at the page size.
+    """
+    table = db.table("audit_events")
+    table.create_index(["status", "ts"])
+    table.create_index(["kind", "ts"])
+    db.table("audit_checkpoints").create(
+        {
+            "seq": int,
+            "hash": str,
+            "created_at": str,
+            "pruned_before": str,
+            "records": int,
+            "key_id": str,
+            "signature": str,
+        },
+        pk="seq",
+        not_null={"hash", "created_at", "pruned_before", "records", "key_id", "signature"},
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial, _m004_audit]
 
 
 def migrate(conn: sqlite3.Connection) -> int:

@@ -5,6 +5,10 @@ it takes everything waiting, runs each piece of work inside its own SAVEPOINT
 of one transaction, and commits once (``synchronous=FULL``), so many
 concurrent requests' audit records become durable with a single fsync. A
 piece of work that raises is rolled back to its savepoint alone.
+
+The chain head is read inside each batch's write transaction, so another
+process writing to the same file (``warden audit prune`` beside a running
+plane) extends the same chain instead of forking it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
@@ -21,9 +26,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from warden_server.audit.chain import GENESIS, record_hash
+from warden_server.audit.checkpoint import Checkpoint
 from warden_server.audit.events import COLUMNS, AuditEvent
 from warden_server.errors import Conflict
-from warden_server.store.base import StoreError
+from warden_server.store.base import StoreError, StoreObserver
 from warden_server.store.migrations import migrate
 from warden_server.store.records import ApprovalRecord, CapabilityRecord, InvocationRecord
 
@@ -68,13 +74,33 @@ class SQLiteTransaction:
     def __init__(self, conn: sqlite3.Connection, head: _ChainHead) -> None:
         self._conn = conn
         self._head = head
+        self.appended: list[AuditEvent] = []
+        """The events appended by the current piece of work."""
 
     def append_audit(self, event: AuditEvent) -> int:
         row = event.row(self._head.seq + 1, self._head.hash)
         row["hash"] = record_hash(row)
         self._conn.execute(_INSERT_AUDIT, row)
         self._head.seq, self._head.hash = row["seq"], row["hash"]
+        self.appended.append(event)
         return self._head.seq
+
+    def audit_hash(self, seq: int) -> str | None:
+        row = self._conn.execute("SELECT hash FROM audit_events WHERE seq = ?", (seq,)).fetchone()
+        return str(row[0]) if row else None
+
+    def prune_audit(self, checkpoint: Checkpoint) -> int:
+        deleted = self._conn.execute(
+            "DELETE FROM audit_events WHERE seq <= ?", (checkpoint.seq,)
+        ).rowcount
+        self._conn.execute(
+            "INSERT INTO audit_checkpoints (seq, hash, created_at, pruned_before, records, "
+            "key_id, signature) VALUES (:seq, :hash, :created_at, :pruned_before, :records, "
+            ":key_id, :signature)",
+            checkpoint.row(),
+        )
+        self._conn.execute("DELETE FROM audit_checkpoints WHERE seq < ?", (checkpoint.seq,))
+        return int(deleted)
 
     def capability_versions(self, capability_id: str) -> list[CapabilityRecord]:
         rows = self._conn.execute(
@@ -135,10 +161,13 @@ class SQLiteTransaction:
 class SQLiteStore:
     """The embedded store (see the module docstring for how writes commit)."""
 
-    def __init__(self, path: str | Path, *, max_batch: int = 512) -> None:
+    def __init__(
+        self, path: str | Path, *, max_batch: int = 512, observer: StoreObserver | None = None
+    ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._max_batch = max_batch
+        self._observer = observer
         self._write_conn = _connect(self.path)
         migrate(self._write_conn)
         self._head = _ChainHead(0, GENESIS)
@@ -165,9 +194,15 @@ class SQLiteStore:
         return result
 
     def _load_chain_head(self) -> None:
-        row = self._write_conn.execute(
+        conn = self._write_conn
+        row = conn.execute(
             "SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1"
         ).fetchone()
+        if row is None:
+            # Everything was pruned: the chain continues from the checkpoint.
+            row = conn.execute(
+                "SELECT seq, hash FROM audit_checkpoints ORDER BY seq DESC LIMIT 1"
+            ).fetchone()
         self._head.seq, self._head.hash = (row["seq"], row["hash"]) if row else (0, GENESIS)
 
     def _run_writer(self) -> None:
@@ -197,10 +232,14 @@ class SQLiteStore:
         self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Job]
     ) -> None:
         outcomes: list[tuple[_Job, Any, BaseException | None]] = []
+        events: list[AuditEvent] = []
+        started = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
+            self._load_chain_head()
             for job in batch:
                 head = (self._head.seq, self._head.hash)
+                tx.appended = []
                 conn.execute("SAVEPOINT job")
                 try:
                     result = job.work(tx)
@@ -212,6 +251,7 @@ class SQLiteStore:
                 else:
                     conn.execute("RELEASE job")
                     outcomes.append((job, result, None))
+                    events.extend(tx.appended)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.exception("store commit failed; %d transactions rolled back", len(batch))
@@ -223,6 +263,11 @@ class SQLiteStore:
                 job.future.set_exception(error)
             return
         self.batches_committed += 1
+        if self._observer is not None:
+            try:
+                self._observer.committed(len(batch), events, time.perf_counter() - started)
+            except Exception:
+                log.exception("the store observer failed; the batch is committed")
         for job, result, failure in outcomes:
             if failure is None:
                 job.future.set_result(result)
@@ -308,6 +353,26 @@ class SQLiteStore:
             sql += f" LIMIT {int(limit)}"
         for row in self._reader().execute(sql, dict(params or {})):
             yield dict(row)
+
+    def audit_counts(
+        self, column: str, where: str = "", params: Mapping[str, Any] | None = None
+    ) -> list[tuple[Any, int, str, str]]:
+        if column not in COLUMNS:
+            raise ValueError(f"no audit column {column!r}")
+        sql = (
+            f"SELECT {column}, count(*), min(ts), max(ts) FROM audit_events"  # noqa: S608
+            + (f" WHERE {where}" if where else "")
+            + f" GROUP BY {column}"
+        )
+        return [tuple(row) for row in self._reader().execute(sql, dict(params or {}))]
+
+    def audit_checkpoint(self) -> Checkpoint | None:
+        row = (
+            self._reader()
+            .execute("SELECT * FROM audit_checkpoints ORDER BY seq DESC LIMIT 1")
+            .fetchone()
+        )
+        return Checkpoint(**dict(row)) if row else None
 
     def close(self) -> None:
         if self._closed:
