@@ -28,6 +28,7 @@ from warden._capability import CapabilitySpec, ErrorSpec, SideEffect, build_spec
 from warden._context import Actor, Context, DeclaredErrors
 from warden._envelope import Envelope, Status
 from warden._errors import CapabilityError, WardenError
+from warden._tracing import invocation_trace
 from warden._transport import Transport
 from warden.shared.canonical import compact_json
 from warden.shared.schema import redact, validation_issues
@@ -62,12 +63,31 @@ class _LoopThread:
         self._thread.start()
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        """Run ``coroutine`` on the loop in the caller's context (its contextvars,
+        and so its current trace span), and wait for the result."""
+        caller = contextvars.copy_context()
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def start() -> None:
+            task = self.loop.create_task(coroutine, context=caller)
+            task.add_done_callback(functools.partial(_settle, done))
+
+        self.loop.call_soon_threadsafe(start)
+        return done.result()
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         self.loop.close()
+
+
+def _settle(done: concurrent.futures.Future[T], task: asyncio.Task[T]) -> None:
+    if task.cancelled():
+        done.cancel()
+    elif (error := task.exception()) is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(task.result())
 
 
 class Runtime:
@@ -236,6 +256,30 @@ class Runtime:
         Returns:
             An Envelope; governed failures are values, never raised.
         """
+        with invocation_trace():
+            return await self._invoke(
+                capability_id,
+                input,
+                actor=actor,
+                context=context,
+                surface=surface,
+                approval_id=approval_id,
+                idempotency_key=idempotency_key,
+                timeout_ms=timeout_ms,
+            )
+
+    async def _invoke(
+        self,
+        capability_id: str,
+        input: Mapping[str, Any] | BaseModel,
+        *,
+        actor: str | None,
+        context: Mapping[str, Any] | None,
+        surface: str,
+        approval_id: str | None,
+        idempotency_key: str | None,
+        timeout_ms: int | None,
+    ) -> Envelope:
         invocation_id = str(uuid.uuid4())
         try:
             await self._ensure_registered()

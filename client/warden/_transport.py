@@ -11,6 +11,7 @@ import grpc
 import grpc.aio
 
 from warden._errors import CapabilityError, WardenError
+from warden._tracing import trace_metadata
 from warden.shared.wire import SERVICE_TOKEN_METADATA
 from warden.v1 import governor_pb2, governor_pb2_grpc, registry_pb2, registry_pb2_grpc
 
@@ -52,7 +53,9 @@ class Transport:
         cannot answer (fail closed)."""
         stubs = self._for_loop()
         return await self._governed(
-            lambda: stubs.governor.Begin(request, metadata=self._metadata, timeout=self._timeout_s)
+            lambda: stubs.governor.Begin(
+                request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
+            )
         )
 
     async def complete(
@@ -61,7 +64,7 @@ class Transport:
         stubs = self._for_loop()
         return await self._governed(
             lambda: stubs.governor.Complete(
-                request, metadata=self._metadata, timeout=self._timeout_s
+                request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
             )
         )
 

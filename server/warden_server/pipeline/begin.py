@@ -72,7 +72,7 @@ class BeginResult:
 def begin(plane: Plane, request: BeginRequest) -> BeginResult:
     ctx = BeginContext(request=request, policies=plane.policies.current(), now=plane.clock())
     for stage in STAGES:
-        failure = stage(plane, ctx)
+        failure = plane.telemetry.run_stage(stage, plane, ctx)
         if failure is not None:
             return _refuse(plane, ctx, failure)
     try:
