@@ -10,16 +10,29 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from warden.v1 import governor_pb2, governor_pb2_grpc, registry_pb2, registry_pb2_grpc
+from warden.v1 import (
+    audit_pb2,
+    audit_pb2_grpc,
+    governor_pb2,
+    governor_pb2_grpc,
+    registry_pb2,
+    registry_pb2_grpc,
+)
+from warden_server.audit.checkpoint import CheckpointSigner
+from warden_server.audit.retention import RetentionScheduler
 from warden_server.plane import Plane
+from warden_server.policy.model import parse_duration
+from warden_server.services.audit import AuditServicer
 from warden_server.services.governor import GovernorServicer
 from warden_server.services.registry import RegistryServicer
+from warden_server.telemetry.interceptor import TelemetryInterceptor
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAMES = (
     governor_pb2.DESCRIPTOR.services_by_name["Governor"].full_name,
     registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
+    audit_pb2.DESCRIPTOR.services_by_name["Audit"].full_name,
 )
 
 
@@ -32,6 +45,9 @@ class Server:
     port: int
     host: str
     health: health.HealthServicer = field(repr=False)
+    metrics_port: int | None = None
+    """The port of ``/metrics``, when ``[telemetry] metrics_listen`` is set."""
+    retention: RetentionScheduler | None = field(default=None, repr=False)
 
     @property
     def target(self) -> str:
@@ -41,6 +57,8 @@ class Server:
         """Stop serving (letting in-flight calls finish within ``grace``), then close the store."""
         self.health.enter_graceful_shutdown()
         self.grpc_server.stop(grace).wait()
+        if self.retention is not None:
+            self.retention.stop()
         self.plane.close()
 
     def wait(self) -> None:
@@ -66,6 +84,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         futures.ThreadPoolExecutor(
             max_workers=plane.config.server.workers, thread_name_prefix="warden-rpc"
         ),
+        interceptors=[TelemetryInterceptor(plane.telemetry)],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -73,6 +92,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     )
     governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), server)
     registry_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(plane), server)
+    audit_pb2_grpc.add_AuditServicer_to_server(AuditServicer(plane), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -82,6 +102,13 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     if port == 0:
         plane.close()
         raise OSError(f"cannot listen on {listen}")
+    metrics_listen = plane.config.telemetry.metrics_listen
+    try:
+        metrics_port = plane.telemetry.serve_metrics(metrics_listen) if metrics_listen else None
+    except OSError as exc:
+        plane.close()
+        raise OSError(f"cannot serve metrics on {metrics_listen}: {exc}") from None
+    retention = _retention(plane)
     server.start()
     for name in (*SERVICE_NAMES, ""):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -91,4 +118,29 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         port,
         plane.policies.current().revision[:12],
     )
-    return Server(plane=plane, grpc_server=server, port=port, host=host, health=health_servicer)
+    return Server(
+        plane=plane,
+        grpc_server=server,
+        port=port,
+        host=host,
+        health=health_servicer,
+        metrics_port=metrics_port,
+        retention=retention,
+    )
+
+
+def _retention(plane: Plane) -> RetentionScheduler | None:
+    """Start pruning on a schedule when ``[audit] retention`` is set."""
+    audit = plane.config.audit
+    if not audit.retention:
+        return None
+    # load_checkpoint_key insists on a private key when retention is set.
+    assert isinstance(plane.checkpoints, CheckpointSigner)
+    scheduler = RetentionScheduler(
+        plane.store,
+        plane.checkpoints,
+        retention=audit.retention,
+        interval=parse_duration(audit.prune_interval),
+    )
+    scheduler.start()
+    return scheduler

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -51,16 +51,33 @@ def rpc(method: Callable[..., R]) -> Callable[..., R]:
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> R:
         try:
             return method(self, request, context)
-        except (RequestError, ServiceAuthenticationError, AuthenticationError) as exc:
-            abort(context, status_of(exc), str(exc))
-        except StoreError as exc:
-            log.error("store unavailable in %s: %s", method.__name__, exc)
-            abort(context, grpc.StatusCode.UNAVAILABLE, "the governance store is unavailable")
-        except Exception:
-            log.exception("unexpected error in %s", method.__name__)
-            abort(context, grpc.StatusCode.INTERNAL, "internal error in the governance plane")
+        except Exception as exc:
+            _abort_for(context, method.__name__, exc)
 
     return wrapper
+
+
+def rpc_stream(method: Callable[..., Iterator[R]]) -> Callable[..., Iterator[R]]:
+    """``rpc`` for server-streaming methods: what is raised while streaming maps the same way."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[R]:
+        try:
+            yield from method(self, request, context)
+        except Exception as exc:
+            _abort_for(context, method.__name__, exc)
+
+    return wrapper
+
+
+def _abort_for(context: grpc.ServicerContext, method: str, exc: Exception) -> NoReturn:
+    if isinstance(exc, RequestError | ServiceAuthenticationError | AuthenticationError):
+        abort(context, status_of(exc), str(exc))
+    if isinstance(exc, StoreError):
+        log.error("store unavailable in %s: %s", method, exc)
+        abort(context, grpc.StatusCode.UNAVAILABLE, "the governance store is unavailable")
+    log.error("unexpected error in %s", method, exc_info=exc)
+    abort(context, grpc.StatusCode.INTERNAL, "internal error in the governance plane")
 
 
 def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
