@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProces
 from opentelemetry.trace import Tracer
 
 from warden_server.audit.events import AuditEvent
-from warden_server.telemetry.logs import fields
+from warden_server.telemetry.logs import fields, silence_leaky_loggers
 from warden_server.telemetry.metrics import Metrics, MetricsEndpoint
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class Telemetry:
     """Traces, metrics and logs of one plane."""
 
     def __init__(self, *, traces: str = "none") -> None:
+        silence_leaky_loggers()
         self.tracer_provider = TracerProvider(resource=Resource.create({"service.name": "warden"}))
         if traces == "console":
             self.tracer_provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))

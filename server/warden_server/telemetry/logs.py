@@ -14,6 +14,16 @@ from typing import Any, Final, Literal
 FIELDS: Final = "fields"
 """The ``extra`` key whose dict becomes the structured fields of a record."""
 
+LEAKY_LOGGERS: Final = ("celpy",)
+"""Libraries whose debug logs print the values they work on: cel-python logs
+every policy activation, inputs included."""
+
+
+def silence_leaky_loggers() -> None:
+    """Cap the leaky libraries at WARNING, whatever the root level (SI-5)."""
+    for name in LEAKY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
 
 def fields(**values: Any) -> dict[str, dict[str, Any]]:
     """``extra=`` for a structured log record, dropping None values."""
