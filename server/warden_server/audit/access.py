@@ -68,7 +68,10 @@ def authorize_read(
         AuthenticationError: no valid actor token.
         PermissionDenied: see ``scope_of``, or a tenant outside the scope.
     """
-    asked = {**(audit_filter.to_json() if audit_filter else {}), **request}
+    asked = {
+        **(audit_filter.to_json() if audit_filter else {}),
+        **{key: value for key, value in request.items() if value is not None},
+    }
     try:
         actor = plane.actors.verify(token)
     except AuthenticationError as exc:

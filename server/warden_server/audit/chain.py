@@ -9,6 +9,7 @@ breaks the chain at a sequence number that ``verify`` names.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -19,10 +20,37 @@ GENESIS: Final = "0" * 64
 """The ``prev_hash`` of the first record."""
 
 
+_SAFE_INTEGER: Final = 2**53 - 1
+
+
 def record_hash(row: Mapping[str, Any]) -> str:
     """The hash of a row (every column but ``hash``; ``prev_hash`` included)."""
     body = {key: value for key, value in row.items() if key != "hash"}
-    return hashlib.sha256(canonical_json(body)).hexdigest()
+    return hashlib.sha256(canonical_row(body)).hexdigest()
+
+
+def canonical_row(body: Mapping[str, Any]) -> bytes:
+    """RFC 8785 canonical JSON of a flat row.
+
+    A row of ASCII keys and text, null or safe-integer values is written by
+    ``json.dumps`` with sorted keys in exactly the RFC 8785 form (a property
+    test holds the two to the same bytes), several times faster than the
+    general encoder; this runs for every record on the single writer thread.
+    Anything else takes the general encoder.
+    """
+    for key, value in body.items():
+        kind = type(value)
+        if not key.isascii() or not (
+            value is None
+            or kind is str
+            or (kind is int and -_SAFE_INTEGER <= value <= _SAFE_INTEGER)
+        ):
+            return canonical_json(dict(body))
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: the general encoder decides
+        return canonical_json(dict(body))
 
 
 @dataclass(frozen=True, slots=True)

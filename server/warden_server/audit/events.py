@@ -115,10 +115,14 @@ class AuditEvent:
     ts: str = dataclasses.field(default_factory=now_iso)
 
     def row(self, seq: int, prev_hash: str) -> dict[str, Any]:
-        """The row to store, without its hash (see ``chain.link``)."""
-        row = dataclasses.asdict(self)
+        """The row to store, without its hash (see ``chain.record_hash``)."""
+        # Every field is a flat value: no deep copy needed (asdict would make one).
+        row = {name: getattr(self, name) for name in _FIELDS}
         for flag in ("exposed", "retryable", "executed_before_failure"):
             if row[flag] is not None:
                 row[flag] = int(row[flag])
         row.update(seq=seq, prev_hash=prev_hash)
         return row
+
+
+_FIELDS: Final = tuple(f.name for f in dataclasses.fields(AuditEvent))

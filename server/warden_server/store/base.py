@@ -99,6 +99,12 @@ class Store(Protocol):
         """``(value, count, first ts, last ts)`` of matching records per value of ``column``."""
         ...
 
+    def audit_count(
+        self, where: str = "", params: Mapping[str, Any] | None = None, *, at_most: int
+    ) -> int:
+        """How many records match, counting no further than ``at_most``."""
+        ...
+
     def audit_checkpoint(self) -> Checkpoint | None:
         """The newest retention checkpoint, or None if nothing was ever pruned."""
         ...

@@ -41,6 +41,7 @@ _INSERT_AUDIT = (
     f"VALUES ({', '.join(':' + c for c in COLUMNS)})"
 )
 _STOP = object()
+WRITER_CACHE_KIB = 65_536
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -169,6 +170,8 @@ class SQLiteStore:
         self._max_batch = max_batch
         self._observer = observer
         self._write_conn = _connect(self.path)
+        # Every append updates a dozen indexes: keep their hot pages in memory.
+        self._write_conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
         migrate(self._write_conn)
         self._head = _ChainHead(0, GENESIS)
         self._load_chain_head()
@@ -365,6 +368,15 @@ class SQLiteStore:
             + f" GROUP BY {column}"
         )
         return [tuple(row) for row in self._reader().execute(sql, dict(params or {}))]
+
+    def audit_count(
+        self, where: str = "", params: Mapping[str, Any] | None = None, *, at_most: int
+    ) -> int:
+        # ``where`` is built by the audit reader from fixed columns (see audit_rows).
+        sql = "SELECT 1 FROM audit_events" + (f" WHERE {where}" if where else "")  # noqa: S608
+        counted = f"SELECT count(*) FROM ({sql} LIMIT {int(at_most)})"  # noqa: S608
+        row = self._reader().execute(counted, dict(params or {})).fetchone()
+        return int(row[0])
 
     def audit_checkpoint(self) -> Checkpoint | None:
         row = (
