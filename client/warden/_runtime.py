@@ -28,7 +28,7 @@ from warden._capability import CapabilitySpec, ErrorSpec, SideEffect, build_spec
 from warden._context import Actor, Context, DeclaredErrors
 from warden._envelope import Envelope, Status
 from warden._errors import CapabilityError, WardenError
-from warden._tracing import invocation_trace
+from warden._tracing import in_invocation_trace
 from warden._transport import Transport
 from warden.shared.canonical import compact_json
 from warden.shared.schema import redact, validation_issues
@@ -229,6 +229,7 @@ class Runtime:
             )
         )
 
+    @in_invocation_trace
     async def ainvoke(
         self,
         capability_id: str,
@@ -256,30 +257,6 @@ class Runtime:
         Returns:
             An Envelope; governed failures are values, never raised.
         """
-        with invocation_trace():
-            return await self._invoke(
-                capability_id,
-                input,
-                actor=actor,
-                context=context,
-                surface=surface,
-                approval_id=approval_id,
-                idempotency_key=idempotency_key,
-                timeout_ms=timeout_ms,
-            )
-
-    async def _invoke(
-        self,
-        capability_id: str,
-        input: Mapping[str, Any] | BaseModel,
-        *,
-        actor: str | None,
-        context: Mapping[str, Any] | None,
-        surface: str,
-        approval_id: str | None,
-        idempotency_key: str | None,
-        timeout_ms: int | None,
-    ) -> Envelope:
         invocation_id = str(uuid.uuid4())
         try:
             await self._ensure_registered()

@@ -8,11 +8,16 @@ gets a trace of its own, so Begin and Complete still share one.
 
 from __future__ import annotations
 
+import functools
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from typing import Any, ParamSpec, TypeVar
 
 from opentelemetry import context, propagate, trace
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @contextmanager
@@ -32,6 +37,19 @@ def invocation_trace() -> Iterator[None]:
         yield
     finally:
         context.detach(token)
+
+
+def in_invocation_trace(
+    method: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Run a coroutine function inside ``invocation_trace``."""
+
+    @functools.wraps(method)
+    async def traced(*args: P.args, **kwargs: P.kwargs) -> T:
+        with invocation_trace():
+            return await method(*args, **kwargs)
+
+    return traced
 
 
 def trace_metadata() -> tuple[tuple[str, str], ...]:
