@@ -157,6 +157,20 @@ def test_paging_keeps_the_filter(db: Path) -> None:
     assert pages == auditlog.expected_seqs(lambda r: r["tenant"] == "acme")
 
 
+def test_a_common_glob_pages_along_the_time_index_with_the_same_answer(db: Path) -> None:
+    # With two records a page, orders.* matches past the crossover (2 * 18 < 7 ** 2):
+    # pages are read newest first along the time index instead of the capability index.
+    seen: list[int] = []
+    before: list[str] = []
+    for _ in range(20):
+        result = audit(db, "query", "--json", "--limit", "2", "--capability", "orders.*", *before)
+        seen += [json.loads(line)["seq"] for line in result.stdout.splitlines()]
+        if "more: --before" not in result.stderr:
+            break
+        before = ["--before", result.stderr.split("--before")[1].strip()]
+    assert seen == auditlog.expected_seqs(auditlog.glob("orders.*"))
+
+
 # -- stats: each grouping ------------------------------------------------------------
 
 

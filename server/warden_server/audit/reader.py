@@ -8,6 +8,7 @@ parameters; only fixed column names are spliced into SQL.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,10 +23,6 @@ from warden_server.store import Store
 
 NEWEST_FIRST: Final = "ts DESC, seq DESC"
 MAX_LIMIT: Final = 10_000
-COMMON_GLOB: Final = 20_000
-"""A capability glob matching at least this many records is read newest first
-along the time index (a page is found quickly among so many); a rarer one is
-read through the capability index and sorted (it has few records to sort)."""
 GROUPINGS: Final = {
     "stage": "stage",
     "code": "code",
@@ -203,14 +200,23 @@ def _literal_prefix(pattern: str) -> str:
     return pattern
 
 
-def _globs_are_common(store: Store, patterns: tuple[str, ...]) -> bool:
-    """Whether the globs match at least ``COMMON_GLOB`` records (counted on the
-    capability index, and no further)."""
+def _globs_are_common(store: Store, patterns: tuple[str, ...], limit: int) -> bool:
+    """Whether a page of the globs' records is cheaper to find along the time index.
+
+    Newest first along the time index visits about ``limit * records / matches``
+    records for a page; through the capability index it visits the matches and
+    sorts them. The first is cheaper once ``matches ** 2 > limit * records``, so
+    the matches are counted on the capability index up to that point and no further.
+    """
     if all(_literal_prefix(p) == p for p in patterns):
         return False
+    newest = next(store.audit_rows(order="seq DESC", limit=1), None)
+    if newest is None:
+        return False
+    crossover = math.isqrt(limit * int(newest["seq"])) + 1
     where = _Where()
     where.add(_globs(patterns, where.params, by_time=False))
-    return store.audit_count(where.sql, where.params, at_most=COMMON_GLOB) >= COMMON_GLOB
+    return store.audit_count(where.sql, where.params, at_most=crossover) >= crossover
 
 
 def query(
@@ -232,7 +238,7 @@ def query(
     """
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}")
-    by_time = bool(f.capabilities) and _globs_are_common(store, f.capabilities)
+    by_time = bool(f.capabilities) and _globs_are_common(store, f.capabilities, limit)
     where = _where(f, scope, now, globs_by_time=by_time)
     if before is not None:
         where.add(
