@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.conftest import Plant
+from tests.conftest import Plant, make_config
 from tests.integration import auditlog
 from warden.v1 import audit_pb2, audit_pb2_grpc
+from warden_server.app import serve
+from warden_server.audit import reader
 from warden_server.cli import main
+from warden_server.config import ConfigError, config_from_dict
+from warden_server.plane import Plane
 
 
 @pytest.fixture
@@ -253,3 +258,35 @@ def test_the_cli_reports_refusals_in_one_line(seeded: Plant) -> None:
     )
     missing = cli("audit", "query", "--target", seeded.target)
     assert missing.exit_code == 2 and "--token" in missing.output
+
+
+# -- scheduled retention --------------------------------------------------------------
+
+
+def test_the_plane_prunes_on_schedule_and_still_verifies(tmp_path: Path) -> None:
+    from tests.integration.test_audit_cli import ed25519_pem
+
+    key = ed25519_pem(tmp_path / "checkpoint.pem")
+    base = make_config(tmp_path).model_dump(mode="json", exclude={"base_dir"})
+    base["audit"] = {"retention": "1d", "prune_interval": "1h", "checkpoint_key_file": str(key)}
+    with serve(
+        Plane.from_config(config_from_dict(base, base_dir=tmp_path)), "127.0.0.1:0"
+    ) as server:
+        store = server.plane.store
+        auditlog.write(store)  # type: ignore[arg-type]
+        assert server.retention is not None
+        server.retention.run_once()
+        # (The scheduler's own first run, at start, may also have found something.)
+        remaining = list(store.audit_rows(order="seq"))
+        assert remaining and {r["kind"] for r in remaining} == {"retention"}
+        checkpoint = store.audit_checkpoint()
+        assert checkpoint is not None and checkpoint.seq >= len(auditlog.LOG)
+        assert reader.verify(store, server.plane.checkpoints).ok
+
+
+def test_retention_without_a_private_key_is_refused_at_start(tmp_path: Path) -> None:
+    base = make_config(tmp_path).model_dump(mode="json", exclude={"base_dir"})
+    base["audit"] = {"retention": "1d"}
+    with pytest.raises(ConfigError) as raised:
+        config_from_dict(base, base_dir=tmp_path)
+    assert "retention needs checkpoint_key_file" in str(raised.value)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.integration import auditlog
 from warden_server.audit.chain import record_hash, verify_rows
@@ -25,15 +26,21 @@ def db(tmp_path: Path) -> Path:
     return auditlog.seeded_store(tmp_path / "audit.db")
 
 
-@pytest.fixture
-def key(tmp_path: Path) -> Path:
-    path = tmp_path / "checkpoint.pem"
-    subprocess.run(
-        ["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(path)],
-        check=True,
-        capture_output=True,
+def ed25519_pem(path: Path) -> Path:
+    """A fresh private key, as ``openssl genpkey -algorithm ed25519`` writes it."""
+    path.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
     )
     return path
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    return ed25519_pem(tmp_path / "checkpoint.pem")
 
 
 def warden(*args: str, ok: bool = True) -> Result:
@@ -432,12 +439,7 @@ def test_after_retention_another_key_fails_verification(
     db: Path, key: Path, tmp_path: Path
 ) -> None:
     prune(db, key, auditlog.ts(10))
-    other = tmp_path / "other.pem"
-    subprocess.run(
-        ["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(other)],
-        check=True,
-        capture_output=True,
-    )
+    other = ed25519_pem(tmp_path / "other.pem")
     verify_fails_at(db, 10, "--public-key", str(other))
 
 
@@ -457,3 +459,22 @@ def test_pruning_everything_leaves_its_own_record_and_the_chain_goes_on(
         store.close()
     assert seq == len(auditlog.LOG) + 2
     audit(db, "verify", "--public-key", str(key))
+
+
+def test_the_public_key_alone_verifies_but_cannot_prune(
+    db: Path, key: Path, tmp_path: Path
+) -> None:
+    prune(db, key, auditlog.ts(10))
+    private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    public = tmp_path / "checkpoint.pub.pem"
+    public.write_bytes(
+        private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    assert audit(db, "verify", "--public-key", str(public)).stdout.startswith("ok: ")
+    refused = warden(
+        "audit", "prune", "--config", NO_CONFIG, "--store", str(db), "--before", "2100-01-01",
+        "--key", str(public), ok=False,
+    )  # fmt: skip
+    assert refused.exit_code == 1 and "needs the private key" in refused.output
