@@ -29,7 +29,8 @@ run: $(STAMP) ## Serve the plane on 127.0.0.1:50051 with policies/ and var/warde
 
 .PHONY: test
 test: $(STAMP) lint typecheck proto-check ## Lint, type-check, check generated code, run every test
-	$(BIN)/warden policy test policies
+	$(BIN)/warden policy check policies
+	$(BIN)/warden policy test policies --min-coverage 100
 	$(BIN)/pytest -q
 
 .PHONY: lint
@@ -51,6 +52,11 @@ proto: $(STAMP) ## Regenerate client/warden/v1 and docs/reference/errors.md from
 	$(PY) -m grpc_tools.protoc -I proto $(PLUGINS) --python_out=client --grpc_python_out=client \
 		--mypy_out=client --mypy_grpc_out=client $(PROTOS)
 	$(PY) -m warden_server.docs_gen > docs/reference/errors.md
+
+.PHONY: schemas
+schemas: $(STAMP) ## Regenerate schemas/ (JSON Schema of policy and test files) from the models
+	$(BIN)/warden policy schema > schemas/policy.schema.json
+	$(BIN)/warden policy schema --tests > schemas/policy-tests.schema.json
 
 .PHONY: proto-check
 proto-check: $(STAMP) ## Fail if the generated code or errors.md differ from proto/

@@ -1,6 +1,7 @@
 """Warden's benchmarks: ``make bench`` (``python -m benchmarks``).
 
-Every figure is printed as a ratio against a baseline measured in the same
-run on the same machine, so results compare across machines; each benchmark
-has a target ratio and the run fails when one is missed.
+Each ``bench_*`` module has a ``run() -> bool`` that measures its speed
+targets as ratios against a baseline measured in the same run on the same
+machine, so results compare across machines, and returns False when a target
+is missed; the run then fails.
 """

@@ -1,26 +1,42 @@
-"""Run every benchmark; exit non-zero when a target is missed."""
+"""Run every benchmark (``make bench``); exit 1 if any misses its target.
+
+``python -m benchmarks audit`` runs only ``bench_audit``; a module also runs
+alone with its own options, e.g. ``python -m benchmarks.bench_audit --records
+100000``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import pkgutil
 import sys
 
-from benchmarks import audit_store
+import benchmarks
+
+PREFIX = "bench_"
 
 
 def main() -> int:
+    available = sorted(
+        m.name.removeprefix(PREFIX)
+        for m in pkgutil.iter_modules(benchmarks.__path__)
+        if m.name.startswith(PREFIX)
+    )
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument(
-        "--records",
-        type=int,
-        default=audit_store.RECORDS,
-        help="Audit records to insert before timing queries (default: %(default)s).",
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"Benchmarks to run (default: all of {', '.join(available)}).",
     )
-    args = parser.parse_args()
-    results = audit_store.run(records=args.records)
-    missed = [r for r in results if not r.ok]
-    print()
-    print(f"{len(results) - len(missed)} passed, {len(missed)} failed")
+    chosen = parser.parse_args().names or available
+    unknown = [n for n in chosen if n not in available]
+    if unknown:
+        parser.error(f"no benchmark named {', '.join(unknown)}; there are {', '.join(available)}")
+    missed = 0
+    for name in chosen:
+        missed += not importlib.import_module(f"benchmarks.{PREFIX}{name}").run()
     return 1 if missed else 0
 
 

@@ -26,6 +26,20 @@ BILLING_TOKEN = "test-billing-token"
 ACTOR_SECRET = "test-only-actor-secret-0123456789abcdef"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="Rewrite golden files (tests/testdata/**/expected.txt) from the current output.",
+    )
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    """Whether golden files are rewritten instead of compared."""
+    return bool(request.config.getoption("--update-golden"))
+
+
 def load_example(name: str = "orders") -> ModuleType:
     """Import examples/<name>/service.py (examples are not an installed package)."""
     path = ROOT / "examples" / name / "service.py"

@@ -11,13 +11,18 @@ def refund(inp: RefundIn, ctx: warden.Context) -> RefundOut: ...
 env = rt.invoke("orders.refund", {"order_id": "A1", "amount": 730}, actor=ACTOR_JWT)
 """
 
+from warden._approvals import Approval, ApprovalEvent, Approvals
 from warden._context import Actor, Context, DeclaredError
 from warden._envelope import Envelope, unwrap
-from warden._errors import CapabilityError, WardenError
+from warden._errors import ApprovalError, CapabilityError, WardenError
 from warden._runtime import RegisteredCapability, Runtime
 
 __all__ = [
     "Actor",
+    "Approval",
+    "ApprovalError",
+    "ApprovalEvent",
+    "Approvals",
     "CapabilityError",
     "Context",
     "DeclaredError",

@@ -125,3 +125,18 @@ class WardenError(Exception):
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class ApprovalError(WardenError):
+    """The plane refused an approver's request, or could not be reached.
+
+    Attributes:
+        status: The gRPC status name, e.g. ``PERMISSION_DENIED`` (the requester
+            or an approver the rule does not allow), ``NOT_FOUND``,
+            ``FAILED_PRECONDITION`` (expired or already decided),
+            ``UNAUTHENTICATED`` or ``UNAVAILABLE``.
+    """
+
+    def __init__(self, status: str, message: str, *, transient: bool = False) -> None:
+        super().__init__(message, transient=transient)
+        self.status = status

@@ -4,16 +4,23 @@ from gRPC status to the SDK's errors. No ``grpc.RpcError`` leaves this module.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import grpc
 import grpc.aio
 
-from warden._errors import CapabilityError, WardenError
+from warden._errors import ApprovalError, CapabilityError, WardenError
 from warden._tracing import trace_metadata
-from warden.shared.wire import SERVICE_TOKEN_METADATA
-from warden.v1 import governor_pb2, governor_pb2_grpc, registry_pb2, registry_pb2_grpc
+from warden.shared.wire import ACTOR_TOKEN_METADATA, BEARER, SERVICE_TOKEN_METADATA
+from warden.v1 import (
+    approvals_pb2,
+    approvals_pb2_grpc,
+    governor_pb2,
+    governor_pb2_grpc,
+    registry_pb2,
+    registry_pb2_grpc,
+)
 
 T = TypeVar("T")
 
@@ -128,3 +135,77 @@ def governance_error(code: grpc.StatusCode, details: str, target: str) -> Capabi
         retryable=code in _TRANSIENT,
         cause=PlaneRefusedError(code.name, details, target),
     )
+
+
+class ApprovalsTransport:
+    """Synchronous gRPC access to the Approvals service with an approver's JWT."""
+
+    def __init__(self, target: str, token: str, *, timeout_s: float) -> None:
+        self.target = target
+        self._metadata = ((ACTOR_TOKEN_METADATA, f"{BEARER} {token}"),)
+        self._timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(target)
+        self._stub = approvals_pb2_grpc.ApprovalsStub(self._channel)
+
+    def list(self, request: approvals_pb2.ListApprovalsRequest) -> list[approvals_pb2.Approval]:
+        response: approvals_pb2.ListApprovalsResponse = self._call(
+            lambda: self._stub.ListApprovals(
+                request, metadata=self._metadata, timeout=self._timeout_s
+            )
+        )
+        return list(response.approvals)
+
+    def get(self, approval_id: str) -> approvals_pb2.Approval:
+        request = approvals_pb2.GetApprovalRequest(id=approval_id)
+        response: approvals_pb2.GetApprovalResponse = self._call(
+            lambda: self._stub.GetApproval(
+                request, metadata=self._metadata, timeout=self._timeout_s
+            )
+        )
+        return response.approval
+
+    def approve(self, approval_id: str, reason: str) -> approvals_pb2.Approval:
+        request = approvals_pb2.ApproveRequest(id=approval_id, reason=reason)
+        response: approvals_pb2.ApproveResponse = self._call(
+            lambda: self._stub.Approve(request, metadata=self._metadata, timeout=self._timeout_s)
+        )
+        return response.approval
+
+    def deny(self, approval_id: str, reason: str) -> approvals_pb2.Approval:
+        request = approvals_pb2.DenyRequest(id=approval_id, reason=reason)
+        response: approvals_pb2.DenyResponse = self._call(
+            lambda: self._stub.Deny(request, metadata=self._metadata, timeout=self._timeout_s)
+        )
+        return response.approval
+
+    def watch(self, include_pending: bool) -> Iterator[approvals_pb2.ApprovalEvent]:
+        """The event stream; closing the iterator cancels the call."""
+        call = self._stub.Watch(
+            approvals_pb2.WatchApprovalsRequest(include_pending=include_pending),
+            metadata=self._metadata,
+        )
+        try:
+            yield from call
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                raise approval_error(exc, self.target) from None
+        finally:
+            call.cancel()  # type: ignore[no-untyped-call]  # untyped in grpc-stubs
+
+    def _call(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            raise approval_error(exc, self.target) from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def approval_error(exc: grpc.RpcError, target: str) -> ApprovalError:
+    """The SDK's one mapping from a gRPC status to an approver-facing error."""
+    code: grpc.StatusCode = exc.code()
+    details = exc.details() or ""
+    if code in _TRANSIENT:
+        details = f"the plane at {target} did not answer: {details}"
+    return ApprovalError(code.name, details, transient=code in _TRANSIENT)

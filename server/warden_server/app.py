@@ -11,19 +11,26 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from warden.v1 import (
+    approvals_pb2,
+    approvals_pb2_grpc,
     audit_pb2,
     audit_pb2_grpc,
     governor_pb2,
     governor_pb2_grpc,
+    policy_pb2,
+    policy_pb2_grpc,
     registry_pb2,
     registry_pb2_grpc,
 )
+from warden_server.approvals.expiry import Sweeper
 from warden_server.audit.checkpoint import CheckpointSigner
 from warden_server.audit.retention import RetentionScheduler
 from warden_server.plane import Plane
 from warden_server.policy.model import parse_duration
+from warden_server.services.approvals import ApprovalsServicer
 from warden_server.services.audit import AuditServicer
 from warden_server.services.governor import GovernorServicer
+from warden_server.services.policies import PoliciesServicer
 from warden_server.services.registry import RegistryServicer
 from warden_server.telemetry.interceptor import TelemetryInterceptor
 
@@ -32,6 +39,8 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = (
     governor_pb2.DESCRIPTOR.services_by_name["Governor"].full_name,
     registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
+    policy_pb2.DESCRIPTOR.services_by_name["Policies"].full_name,
+    approvals_pb2.DESCRIPTOR.services_by_name["Approvals"].full_name,
     audit_pb2.DESCRIPTOR.services_by_name["Audit"].full_name,
 )
 
@@ -45,6 +54,7 @@ class Server:
     port: int
     host: str
     health: health.HealthServicer = field(repr=False)
+    sweeper: Sweeper | None = field(default=None, repr=False)
     metrics_port: int | None = None
     """The port of ``/metrics``, when ``[telemetry] metrics_listen`` is set."""
     retention: RetentionScheduler | None = field(default=None, repr=False)
@@ -56,6 +66,9 @@ class Server:
     def stop(self, grace: float | None = 2.0) -> None:
         """Stop serving (letting in-flight calls finish within ``grace``), then close the store."""
         self.health.enter_graceful_shutdown()
+        if self.sweeper is not None:
+            self.sweeper.stop()
+        self.plane.approval_events.close()  # watch streams end now, not at the grace's end
         self.grpc_server.stop(grace).wait()
         if self.retention is not None:
             self.retention.stop()
@@ -88,20 +101,30 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            # Two planes must never share a port: the second one fails to start.
+            ("grpc.so_reuseport", 0),
         ],
     )
     governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), server)
     registry_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(plane), server)
+    policy_pb2_grpc.add_PoliciesServicer_to_server(PoliciesServicer(plane), server)
+    approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(plane), server)
     audit_pb2_grpc.add_AuditServicer_to_server(AuditServicer(plane), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(listen)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        port = 0
+        reason = str(exc)
+    else:
+        reason = "the address is in use or not available"
     if port == 0:
         plane.close()
-        raise OSError(f"cannot listen on {listen}")
+        raise OSError(f"cannot listen on {listen}: {reason}")
     metrics_listen = plane.config.telemetry.metrics_listen
     try:
         metrics_port = plane.telemetry.serve_metrics(metrics_listen) if metrics_listen else None
@@ -110,8 +133,12 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         raise OSError(f"cannot serve metrics on {metrics_listen}: {exc}") from None
     retention = _retention(plane)
     server.start()
+    if plane.config.server.watch_policies:
+        plane.reloader.start()
     for name in (*SERVICE_NAMES, ""):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    sweeper = Sweeper(plane, plane.config.server.approval_sweep_seconds)
+    sweeper.start()
     log.info(
         "warden listening on %s:%d (policy revision %s)",
         host,
@@ -124,6 +151,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         port=port,
         host=host,
         health=health_servicer,
+        sweeper=sweeper,
         metrics_port=metrics_port,
         retention=retention,
     )

@@ -38,6 +38,12 @@ class ServerSection(_Section):
     """The folder of policy files."""
     default_effect: Literal["allow", "deny"] = "deny"
     """The decision when no rule matches. Deny fails closed."""
+    watch_policies: bool = True
+    """Reload the policy folder when its files change; a set with problems
+    never replaces the one in force (SI-12)."""
+    policy_debounce_ms: Annotated[int, Field(ge=10, le=60_000)] = 300
+    """How long changes to the policy folder are gathered before one reload,
+    so that a multi-file edit is read once, whole."""
     max_input_bytes: Annotated[int, Field(gt=0)] = 1_048_576
     """Larger inputs fail INPUT_INVALID before they are parsed."""
     default_timeout_ms: Annotated[int, Field(gt=0)] = 30_000
@@ -46,6 +52,21 @@ class ServerSection(_Section):
     """How long an approval request stays open when its rule gives no ttl."""
     workers: Annotated[int, Field(gt=0)] = 16
     """Threads serving RPCs."""
+    approval_sweep_seconds: Annotated[float, Field(gt=0)] = 15.0
+    """How often the plane marks approvals whose time is up as expired (and tells
+    watchers). Expiry is enforced at every use regardless; this keeps states honest."""
+    max_approval_watchers: Annotated[int, Field(ge=0)] = 4
+    """Open approval watch streams at most. Each holds one of the ``workers``
+    threads, so it must stay below ``workers``."""
+
+    @model_validator(mode="after")
+    def _watchers_leave_workers(self) -> ServerSection:
+        if self.max_approval_watchers >= self.workers:
+            raise ValueError(
+                f"max_approval_watchers ({self.max_approval_watchers}) must be below workers "
+                f"({self.workers}): each watch stream holds a worker thread"
+            )
+        return self
 
 
 class ActorsSection(_Section):

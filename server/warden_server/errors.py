@@ -26,3 +26,7 @@ class NotFound(RequestError):
 
 class Conflict(RequestError):
     """The request contradicts what the store already holds."""
+
+
+class ResourceExhausted(RequestError):
+    """The plane is at one of its limits; the message names it."""

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from warden_server.approvals.events import ApprovalHub
 from warden_server.audit.checkpoint import CheckpointKeyError, CheckpointSigner, CheckpointVerifier
 from warden_server.auth.actors import ActorVerifier
 from warden_server.auth.services import ServiceAuthenticator
 from warden_server.config import Config
 from warden_server.grants import GrantSigner
 from warden_server.policy.engine import PolicySet
-from warden_server.policy.loader import load_policies
+from warden_server.policy.loader import Problem
 from warden_server.registry import Registry
+from warden_server.reload import PolicyReloader, load_at_start
 from warden_server.store import SQLiteStore, Store
 from warden_server.telemetry import Telemetry
 
@@ -23,27 +25,62 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class PolicyHolder:
-    """The current policy set; replaced whole, never edited (SI-12)."""
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A change to the policy folder that was refused."""
 
-    def __init__(
-        self, policies: PolicySet, on_swap: Callable[[str, str | None], None] | None = None
-    ) -> None:
-        self._current = policies
+    revision: str
+    """The content hash of the refused files (empty when the folder was unreadable)."""
+    files: tuple[str, ...]
+    at: datetime
+    problems: tuple[Problem, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyStatus:
+    """The set in force, since when, and the newest refused change, if any."""
+
+    current: PolicySet
+    loaded_at: datetime
+    rejected: Rejection | None = None
+
+
+class PolicyHolder:
+    """The current policy set; replaced whole, never edited (SI-12).
+
+    Everything is one immutable ``PolicyStatus`` behind one reference, so a
+    reader sees the old set or the new one, never a mix.
+    """
+
+    def __init__(self, policies: PolicySet, loaded_at: datetime | None = None) -> None:
+        self._status = PolicyStatus(policies, loaded_at or utc_now())
         self._lock = threading.Lock()
-        self._on_swap = on_swap
-        if on_swap is not None:
-            on_swap(policies.revision, None)
 
     def current(self) -> PolicySet:
-        return self._current
+        return self._status.current
 
-    def swap(self, policies: PolicySet) -> PolicySet:
+    def status(self) -> PolicyStatus:
+        return self._status
+
+    def swap(self, policies: PolicySet, at: datetime | None = None) -> PolicySet:
+        """Put ``policies`` in force; any pending rejection is settled by it."""
         with self._lock:
-            previous, self._current = self._current, policies
-        if self._on_swap is not None:
-            self._on_swap(policies.revision, previous.revision)
+            previous = self._status.current
+            self._status = PolicyStatus(policies, at or utc_now())
         return previous
+
+    def reject(
+        self, revision: str, files: Sequence[str], problems: Sequence[Problem], at: datetime
+    ) -> None:
+        """Record the newest refused change; the set in force stays."""
+        rejection = Rejection(revision, tuple(files), at, tuple(problems))
+        with self._lock:
+            self._status = replace(self._status, rejected=rejection)
+
+    def settle(self) -> None:
+        """The folder is back to the set in force: no change is pending."""
+        with self._lock:
+            self._status = replace(self._status, rejected=None)
 
 
 @dataclass
@@ -52,10 +89,12 @@ class Plane:
     store: Store
     registry: Registry
     policies: PolicyHolder
+    reloader: PolicyReloader
     actors: ActorVerifier
     services: ServiceAuthenticator
     grants: GrantSigner
     clock: Callable[[], datetime] = utc_now
+    approval_events: ApprovalHub = field(default_factory=ApprovalHub)
     telemetry: Telemetry = field(default_factory=Telemetry)
     checkpoints: CheckpointVerifier | None = None
     """Checks retention checkpoints; a ``CheckpointSigner`` where this plane prunes."""
@@ -64,32 +103,48 @@ class Plane:
     def from_config(cls, config: Config, *, clock: Callable[[], datetime] = utc_now) -> Plane:
         """Open the store, load the policies and keys the config names.
 
+        The policy folder is checked against the registered capabilities and
+        its loading recorded in the audit log; watching it starts with
+        ``reloader.start()``.
+
         Raises:
             PolicyLoadError: the policy folder has problems.
             ValueError, OSError: unreadable keys or store (a CheckpointKeyError is a
                 ValueError).
         """
-        policies = load_policies(config.policies_path, default_effect=config.server.default_effect)
         key_file = config.grants.signing_key_file
         grants = GrantSigner.from_file(config.path(key_file) if key_file else None)
         actors = ActorVerifier.from_config(config)
         checkpoints = load_checkpoint_key(config)
         telemetry = Telemetry.from_config(config.telemetry)
+        # The store reports what it commits, so the metrics agree with the
+        # log, the loading of the policy set at start included.
         store = SQLiteStore(config.store_path, observer=telemetry)
+        try:
+            registry = Registry(store)
+            policies = PolicyHolder(load_at_start(config, store, registry))
+        except BaseException:
+            store.close()
+            telemetry.close()
+            raise
         return cls(
             config=config,
             store=store,
-            registry=Registry(store),
-            policies=PolicyHolder(policies, on_swap=telemetry.policy_swapped),
+            registry=registry,
+            policies=policies,
+            reloader=PolicyReloader(config, store, registry, policies),
             actors=actors,
             services=ServiceAuthenticator.from_config(config),
             grants=grants,
             clock=clock,
+            approval_events=ApprovalHub(max_watchers=config.server.max_approval_watchers),
             telemetry=telemetry,
             checkpoints=checkpoints,
         )
 
     def close(self) -> None:
+        self.reloader.stop()
+        self.approval_events.close()
         self.store.close()
         self.telemetry.close()
 

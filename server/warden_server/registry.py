@@ -7,7 +7,6 @@ gives no version, refused when the service reuses a version number.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections.abc import Sequence
@@ -16,7 +15,13 @@ from typing import Any, Final, Literal
 
 from jsonschema import Draft202012Validator
 
-from warden.shared.canonical import compact_json, digest
+from warden.shared.canonical import (
+    NotCanonicalizable,
+    canonical_json,
+    compact_json,
+    digest,
+    strict_loads,
+)
 from warden.shared.codes import CODES
 from warden.shared.schema import InvalidSchemaError, compile_validator
 from warden_server.audit.events import AuditEvent, now_iso
@@ -135,7 +140,10 @@ def check_definition(definition: CapabilityDefinition) -> list[str]:
             problems.append(f"{cid}: {name} must be a JSON object")
             continue
         try:
+            canonical_json(schema)
             compile_validator(schema)
+        except NotCanonicalizable as exc:
+            problems.append(f"{cid}: {name} has no canonical JSON form (RFC 8785): {exc}")
         except InvalidSchemaError as exc:
             problems.append(f"{cid}: {name}: {exc}")
     if definition.side_effect not in ("read", "write", "idempotent"):
@@ -281,8 +289,8 @@ def _next_version(versions: list[CapabilityRecord]) -> str:
 def schema_from_json(text: str, what: str) -> dict[str, Any]:
     """Parse a schema sent as JSON text."""
     try:
-        value = json.loads(text) if text else {}
-    except json.JSONDecodeError as exc:
+        value = strict_loads(text) if text else {}
+    except ValueError as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidRequest(f"{what} must be a JSON object")

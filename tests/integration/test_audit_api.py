@@ -5,7 +5,7 @@ with --target and --token and prints what it prints for the store file."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,11 @@ from warden_server.plane import Plane
 
 
 @pytest.fixture
-def seeded(plant: Plant) -> Plant:
-    auditlog.write(plant.server.plane.store)  # type: ignore[arg-type]
-    return plant
+def seeded(start_plane: Callable[..., Plant], tmp_path: Path) -> Plant:
+    """A plane over the known log: written first, so its records keep their
+    sequence numbers; the plane's own records (its policy load) come after."""
+    auditlog.seeded_store(tmp_path / "warden.db")
+    return start_plane()
 
 
 @pytest.fixture
@@ -162,7 +164,8 @@ def test_si13_verify_reads_every_tenant_so_it_needs_auditor_all(
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     result = stub.Verify(audit_pb2.VerifyRequest(), metadata=bearer(everyone(seeded)))
     assert result.ok and result.first_bad_seq == 0
-    assert result.checked == len(auditlog.LOG) + 2  # and both access records
+    # and the plane's policy load and both access records
+    assert result.checked == len(auditlog.LOG) + 3
 
 
 def test_si13_every_read_is_recorded_before_it_is_answered(
@@ -269,16 +272,17 @@ def test_the_plane_prunes_on_schedule_and_still_verifies(tmp_path: Path) -> None
     key = ed25519_pem(tmp_path / "checkpoint.pem")
     base = make_config(tmp_path).model_dump(mode="json", exclude={"base_dir"})
     base["audit"] = {"retention": "1d", "prune_interval": "1h", "checkpoint_key_file": str(key)}
+    auditlog.seeded_store(tmp_path / "warden.db")  # months old by the time the plane starts
     with serve(
         Plane.from_config(config_from_dict(base, base_dir=tmp_path)), "127.0.0.1:0"
     ) as server:
         store = server.plane.store
-        auditlog.write(store)  # type: ignore[arg-type]
         assert server.retention is not None
         server.retention.run_once()
         # (The scheduler's own first run, at start, may also have found something.)
         remaining = list(store.audit_rows(order="seq"))
-        assert remaining and {r["kind"] for r in remaining} == {"retention"}
+        assert remaining[0]["kind"] == "policy", "the plane's own policy load is recent: it stays"
+        assert {r["kind"] for r in remaining[1:]} == {"retention"}
         checkpoint = store.audit_checkpoint()
         assert checkpoint is not None and checkpoint.seq >= len(auditlog.LOG)
         assert reader.verify(store, server.plane.checkpoints).ok

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 import warden
 from tests.conftest import ORDERS_TOKEN, Plant, make_config
+from tests.integration.approving import approval_rows, approver
 from tests.integration.lab import EchoOut, write_lab_policies
 from warden_server.app import serve
 from warden_server.config import config_from_dict
@@ -159,6 +160,27 @@ def test_without_a_caller_trace_decision_and_outcome_share_one(
     assert traces[0] != traces[1]
 
 
+def test_approval_records_carry_the_trace_they_were_written_in(
+    lab_plant: Plant, lab_rt: warden.Runtime, spans: InMemorySpanExporter
+) -> None:
+    arguments = {"n": 42, "note": "please"}
+    suspended = lab_rt.invoke("orders.echo", arguments, actor=lab_plant.token())
+    assert suspended.status == "suspended" and suspended.approval_id
+    with approver(lab_plant) as approvals:
+        approvals.approve(suspended.approval_id, reason="fine")
+    resumed = lab_rt.invoke(
+        "orders.echo", arguments, actor=lab_plant.token(), approval_id=suspended.approval_id
+    )
+    assert resumed.status == "succeeded"
+    rows = {r["status"]: r for r in approval_rows(lab_plant, suspended.approval_id)}
+    assert list(rows) == ["requested", "approved", "consumed"]
+    assert rows["requested"]["trace_id"] == decision(lab_plant, suspended.invocation_id)["trace_id"]
+    (approve,) = rpc_spans(spans, "warden.v1.Approvals/Approve")
+    assert rows["approved"]["trace_id"] == format(approve.context.trace_id, "032x")
+    assert rows["consumed"]["trace_id"] == decision(lab_plant, resumed.invocation_id)["trace_id"]
+    assert len({r["trace_id"] for r in rows.values()}) == 3
+
+
 # -- metrics ----------------------------------------------------------------------
 
 
@@ -241,21 +263,38 @@ def test_failed_rpcs_are_observed_with_their_status_code(lab_plant: Plant) -> No
     )
 
 
-def test_audit_commit_batches_and_policy_swaps_are_counted(
-    lab_plant: Plant, lab_rt: warden.Runtime
-) -> None:
+def test_audit_commit_batches_are_counted(lab_plant: Plant, lab_rt: warden.Runtime) -> None:
     lab_rt.invoke("orders.echo", {"n": 1}, actor=lab_plant.token())
     plane = lab_plant.server.plane
     batches = sample(lab_plant, "warden_audit_commit_batch_size_count")
     assert batches == plane.store.batches_committed  # type: ignore[attr-defined]
     assert sample(lab_plant, "warden_audit_commit_batch_size_sum") >= batches
-    revision = plane.policies.current().revision
-    assert sample(lab_plant, "warden_policy_reloads_total", result="ok") == 1
-    assert sample(lab_plant, "warden_policy_revision_info", revision=revision) == 1
-    plane.policies.swap(plane.policies.current())
-    assert sample(lab_plant, "warden_policy_reloads_total", result="ok") == 2
-    plane.telemetry.policy_reload_failed()
-    assert sample(lab_plant, "warden_policy_reloads_total", result="failed") == 1
+
+
+def test_policy_loads_and_refusals_are_counted_as_they_are_recorded(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    folder = write_lab_policies(tmp_path / "live")
+    plant = start_plane(folder, watch_policies=False)
+    plane = plant.server.plane
+    first = plane.policies.current().revision
+    assert sample(plant, "warden_policy_reloads_total", result="ok") == 1  # the start
+    assert sample(plant, "warden_policy_revision_info", revision=first) == 1
+
+    policies = folder / "lab.yaml"
+    policies.write_text(policies.read_text() + "\n# a new revision\n")
+    assert plane.reloader.reload() == "loaded"
+    second = plane.policies.current().revision
+    assert sample(plant, "warden_policy_reloads_total", result="ok") == 2
+    assert sample(plant, "warden_policy_revision_info", revision=second) == 1
+    assert sample(plant, "warden_policy_revision_info", revision=first) == 0
+
+    (folder / "zz-broken.yaml").write_text("rules:\n  - id: broken\n    effect: maybe\n")
+    assert plane.reloader.reload() == "rejected"
+    assert sample(plant, "warden_policy_reloads_total", result="failed") == 1
+    assert sample(plant, "warden_policy_revision_info", revision=second) == 1
+    recorded = [r["status"] for r in plant.events(kind="policy")]
+    assert recorded == ["loaded", "loaded", "rejected"]
 
 
 def test_metrics_are_served_over_http_where_the_config_says(tmp_path: Path) -> None:

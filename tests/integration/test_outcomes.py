@@ -282,3 +282,34 @@ def test_handler_context_carries_the_verified_actor(lab_plant: Plant) -> None:
     assert ctx.actor.roles == ("support", "auditor")
     assert ctx.actor.attrs["desk"] == "emea"
     assert ctx.invocation_id == env.invocation_id
+
+
+def test_integers_beyond_the_interoperable_range_are_invalid_input(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    env = lab_rt.invoke("orders.echo", {"n": 2**60}, actor=lab_plant.token())
+    assert env.error is not None and env.error.code == "INPUT_INVALID"
+    assert env.error.details == {
+        "issues": [{"path": "/n", "message": "must be an integer within ±9007199254740991"}]
+    }
+    (row,) = lab_plant.events(invocation_id=env.invocation_id)
+    assert row["status"] == "failed" and row["reason"] == "schema-violation"
+
+
+def test_resuming_with_an_approval_that_is_not_bound_to_the_call_is_denied(
+    lab_rt: warden.Runtime, lab_plant: Plant, lab: Lab
+) -> None:
+    token = lab_plant.token()
+    suspended = lab_rt.invoke("orders.echo", {"n": 42}, actor=token)
+    assert suspended.status == "suspended"
+    for approval_id in ("no-such-approval", suspended.approval_id):
+        other_actor = lab_plant.token(sub="mallory")
+        env = lab_rt.invoke("orders.echo", {"n": 42}, actor=other_actor, approval_id=approval_id)
+        assert env.status == "failed" and env.error is not None
+        assert (env.error.code, env.error.stage) == ("APPROVAL_DENIED", "approval")
+        assert env.error.details is None, "a mismatch reveals nothing about other approvals"
+    pending = lab_rt.invoke(
+        "orders.echo", {"n": 42}, actor=token, approval_id=suspended.approval_id
+    )
+    assert pending.status == "suspended" and pending.approval_id == suspended.approval_id
+    assert lab.count("echo") == 0

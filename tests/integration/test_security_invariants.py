@@ -298,6 +298,102 @@ def test_si4_a_rehashed_edit_is_named_by_the_broken_link_after_it(
     assert "re-hashed" in (result.problem or "")
 
 
+# -- SI-6 approval binding (the lifecycle's refusals: tests/integration/test_approvals.py) --
+
+
+def _approved(lab_rt: warden.Runtime, lab_plant: Plant, arguments: dict[str, Any]) -> str:
+    env = lab_rt.invoke("orders.echo", arguments, actor=lab_plant.token())
+    assert env.status == "suspended" and env.approval_id
+    with warden.Approvals(
+        lab_plant.target, token=lab_plant.token(sub="mia", roles=("manager",))
+    ) as approvals:
+        approvals.approve(env.approval_id)
+    return env.approval_id
+
+
+def _resume(
+    plant: Plant, arguments: Any, *, actor: str, approval_id: str, version: str = "1"
+) -> governor_pb2.BeginResponse:
+    with grpc.insecure_channel(plant.target) as channel:
+        return governor_pb2_grpc.GovernorStub(channel).Begin(
+            governor_pb2.BeginRequest(
+                invocation_id=str(uuid.uuid4()),
+                capability_id="orders.echo",
+                capability_version=version,
+                actor_token=actor,
+                input_json=json.dumps(arguments),
+                approval_id=approval_id,
+            ),
+            metadata=SERVICE,
+        )
+
+
+class EchoTaggedIn(EchoIn):
+    tag: str = ""
+
+
+def test_si6_an_approval_is_bound_to_capability_version_actor_and_input(
+    lab_rt: warden.Runtime, lab_plant: Plant, lab: Lab
+) -> None:
+    approved = {"n": 42, "note": "as approved"}
+    approval_id = _approved(lab_rt, lab_plant, approved)
+    requester = lab_plant.token()
+    changed = warden.Runtime(lab_plant.target, service="orders", token=ORDERS_TOKEN)
+    changed.capability("orders.echo", input=EchoTaggedIn, output=EchoOut, side_effect="read")(
+        lambda inp, ctx: EchoOut(n=inp.n)
+    )
+    try:
+        (v2,) = changed.register()
+    finally:
+        changed.close()
+    assert v2.version == "2"
+
+    attempts = {
+        "edited input": _resume(
+            lab_plant, {"n": 42, "note": "edited"}, actor=requester, approval_id=approval_id
+        ),
+        "another actor": _resume(
+            lab_plant, approved, actor=lab_plant.token(sub="bot-8"), approval_id=approval_id
+        ),
+        "another version": _resume(
+            lab_plant, approved, actor=requester, approval_id=approval_id, version="2"
+        ),
+        "unknown approval": _resume(lab_plant, approved, actor=requester, approval_id="f" * 32),
+    }
+    faces = {name: r.failure.SerializeToString(deterministic=True) for name, r in attempts.items()}
+    assert all(r.WhichOneof("outcome") == "failure" for r in attempts.values())
+    assert attempts["edited input"].failure.code == "APPROVAL_DENIED"
+    assert len(set(faces.values())) == 1, "a mismatch reveals nothing about the approval"
+    reasons = {
+        name: lab_plant.events(invocation_id=r.invocation_id, kind="decision")[0]["reason"]
+        for name, r in attempts.items()
+    }
+    assert reasons == {
+        "edited input": "approval-not-bound:input_digest",
+        "another actor": "approval-not-bound:requester",
+        "another version": "approval-not-bound:capability_version",
+        "unknown approval": "approval-not-bound:unknown-id",
+    }
+
+    exact = _resume(lab_plant, approved, actor=requester, approval_id=approval_id)
+    assert exact.WhichOneof("outcome") == "grant"
+    assert exact.grant.input_digest == digest(approved)
+
+
+def test_si6_an_approval_works_once(lab_rt: warden.Runtime, lab_plant: Plant, lab: Lab) -> None:
+    arguments = {"n": 42, "note": "once"}
+    approval_id = _approved(lab_rt, lab_plant, arguments)
+    token = lab_plant.token()
+    first = lab_rt.invoke("orders.echo", arguments, actor=token, approval_id=approval_id)
+    second = lab_rt.invoke("orders.echo", arguments, actor=token, approval_id=approval_id)
+    assert first.status == "succeeded"
+    assert second.status == "failed" and second.error is not None
+    assert second.error.code == "APPROVAL_DENIED"
+    assert lab.count("echo") == 1
+    (row,) = lab_plant.rows("SELECT state FROM approvals WHERE approval_id = ?", (approval_id,))
+    assert row["state"] == "consumed"
+
+
 # -- SI-8 concealment ------------------------------------------------------------
 
 

@@ -17,9 +17,40 @@ JSONValue = Any
 """A value made of dict, list, str, int, float, bool and None."""
 
 
+class NotCanonicalizable(ValueError):
+    """A value has no RFC 8785 form: an integer beyond ±2^53, NaN or an
+    infinity, or a string with a lone surrogate."""
+
+
 def canonical_json(value: JSONValue) -> bytes:
-    """The RFC 8785 canonical serialization of a JSON value."""
-    return bytes(rfc8785.dumps(value))
+    """The RFC 8785 canonical serialization of a JSON value.
+
+    Raises:
+        NotCanonicalizable: the value has no canonical form.
+    """
+    try:
+        return bytes(rfc8785.dumps(value))
+    except rfc8785.CanonicalizationError as exc:
+        raise NotCanonicalizable(str(exc)) from None
+
+
+def canonical_value(value: JSONValue) -> JSONValue:
+    """The value as its canonical form reads back: ``1.0`` becomes ``1``, exactly
+    as the digest sees it, so policies and handlers see what was approved."""
+    return json.loads(canonical_json(value))
+
+
+def strict_loads(text: str | bytes) -> JSONValue:
+    """Parse JSON text, refusing the NaN and Infinity literals Python would accept.
+
+    Raises:
+        ValueError: the text is not strict JSON.
+    """
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def digest(value: JSONValue) -> str:

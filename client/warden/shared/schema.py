@@ -50,7 +50,26 @@ def compile_validator(schema: Schema) -> Draft202012Validator:
     except SchemaError as exc:
         where = _pointer(exc.absolute_path) or "/"
         raise InvalidSchemaError(f"invalid JSON Schema at {where}: {exc.message}") from None
+    for where, ref in _refs(schema, ""):
+        if not ref.startswith("#"):
+            raise InvalidSchemaError(
+                f"$ref {ref!r} at {where or '/'} is remote; put the schema under $defs"
+            )
+        if ref != "#" and _resolve(schema, ref) is None:
+            raise InvalidSchemaError(f"$ref {ref!r} at {where or '/'} does not resolve")
     return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def _refs(node: object, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(node, Mapping):
+        for key, child in node.items():
+            if key == "$ref" and isinstance(child, str):
+                yield where, child
+            else:
+                yield from _refs(child, f"{where}/{key}")
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            yield from _refs(child, f"{where}/{index}")
 
 
 def validation_issues(validator: Draft202012Validator, instance: JSONValue) -> list[Issue]:

@@ -9,6 +9,7 @@ before it is answered.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from warden.shared.canonical import compact_json
@@ -45,7 +46,7 @@ def scope_of(actor: Actor, *, every_tenant: bool = False) -> Scope:
 
 def authorize_read(
     plane: Plane,
-    token: str,
+    authenticate: Callable[[], Actor],
     action: str,
     audit_filter: AuditFilter | None = None,
     *,
@@ -55,7 +56,7 @@ def authorize_read(
     """Authenticate and authorize an audit read, and record it (allowed or not).
 
     Args:
-        token: The caller's actor JWT.
+        authenticate: Verifies the caller's actor JWT.
         action: What is read: ``query``, ``stats``, ``verify`` or ``export``.
         audit_filter: The read's filter; a tenant outside the caller's scope is refused.
         every_tenant: The read spans every tenant (needs ``auditor:all``).
@@ -73,7 +74,7 @@ def authorize_read(
         **{key: value for key, value in request.items() if value is not None},
     }
     try:
-        actor = plane.actors.verify(token)
+        actor = authenticate()
     except AuthenticationError as exc:
         _record(plane, action, asked, None, "rejected", ("UNAUTHENTICATED", str(exc)))
         raise

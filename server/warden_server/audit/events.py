@@ -71,7 +71,15 @@ def current_trace_id() -> str | None:
 
 def now_iso() -> str:
     """The current UTC time as ISO 8601 with milliseconds, e.g. 2026-01-02T03:04:05.678Z."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso(datetime.now(UTC))
+
+
+def iso(moment: datetime) -> str:
+    """A time as the store writes it: UTC, ISO 8601 with milliseconds and ``Z``.
+
+    One fixed width, so stored times compare correctly as text.
+    """
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from warden_server.audit.events import iso
 from warden_server.errors import InvalidRequest
 from warden_server.policy.model import parse_duration
 
@@ -39,9 +40,4 @@ def parse_time(text: str, now: datetime, field: str = "time") -> str:
             ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return iso_utc(moment)
-
-
-def iso_utc(moment: datetime) -> str:
-    """The stored form of a moment: UTC, milliseconds, ``Z``."""
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso(moment)

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from warden_server.config import ActorsSection, Config
 
@@ -39,27 +41,42 @@ class Actor:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class _VerificationKey:
+    key: Any
+    algorithm: str
+
+
 class ActorVerifier:
     """Verifies actor JWTs: HS256 with a shared secret, or RS256/ES256 with a
-    public key file or a JWKS file."""
+    public key file or a JWKS file.
+
+    Every key is bound to exactly one algorithm, so a token cannot choose how
+    it is checked (no algorithm confusion, no ``alg: none``).
+    """
 
     def __init__(self, section: ActorsSection, base_dir: Path = Path()) -> None:
         self._issuer = section.issuer
         self._audience = section.audience
         self._leeway = section.leeway_seconds
-        self._keys: dict[str | None, Any]
+        self._keys: dict[str | None, _VerificationKey]
         if section.hs256_secret:
-            self._algorithms: Sequence[str] = ["HS256"]
-            self._keys = {None: section.hs256_secret}
+            self._keys = {None: _VerificationKey(section.hs256_secret, "HS256")}
         elif section.public_key_file:
-            self._algorithms = ["RS256", "ES256"]
-            self._keys = {None: (base_dir / section.public_key_file).read_text()}
+            path = base_dir / section.public_key_file
+            self._keys = {None: _public_key(path)}
         else:
             assert section.jwks_file
-            document = json.loads((base_dir / section.jwks_file).read_text())
-            keyset = jwt.PyJWKSet.from_dict(document)
-            self._algorithms = ["RS256", "ES256"]
-            self._keys = {key.key_id: key.key for key in keyset.keys}
+            path = base_dir / section.jwks_file
+            try:
+                keyset = jwt.PyJWKSet.from_dict(json.loads(path.read_text()))
+            except (ValueError, jwt.PyJWTError) as exc:
+                raise ValueError(f"{path}: not a usable JWKS document: {exc}") from None
+            self._keys = {
+                key.key_id: _VerificationKey(key.key, key.algorithm_name) for key in keyset.keys
+            }
+            if len(self._keys) == 1:
+                self._keys[None] = next(iter(self._keys.values()))
 
     @classmethod
     def from_config(cls, config: Config) -> ActorVerifier:
@@ -75,14 +92,14 @@ class ActorVerifier:
         if not token:
             raise AuthenticationError("no actor token")
         try:
-            header = jwt.get_unverified_header(token)
-            key = self._keys.get(header.get("kid")) or self._keys.get(None)
-            if key is None:
-                raise AuthenticationError(f"unknown key id {header.get('kid')!r}")
+            kid = jwt.get_unverified_header(token).get("kid")
+            found = self._keys.get(kid) if kid is not None else self._keys.get(None)
+            if found is None:
+                raise AuthenticationError(f"unknown key id {kid!r}")
             claims = jwt.decode(
                 token,
-                key,
-                algorithms=list(self._algorithms),
+                found.key,
+                algorithms=[found.algorithm],
                 issuer=self._issuer,
                 audience=self._audience,
                 leeway=self._leeway,
@@ -92,9 +109,22 @@ class ActorVerifier:
             raise AuthenticationError("actor token expired") from None
         except jwt.InvalidSignatureError:
             raise AuthenticationError("actor token signature is invalid") from None
-        except jwt.PyJWTError as exc:
+        except (jwt.PyJWTError, ValueError, TypeError) as exc:
             raise AuthenticationError(f"actor token rejected: {exc}") from None
         return _actor_from_claims(claims)
+
+
+def _public_key(path: Path) -> _VerificationKey:
+    """A PEM public key and the one algorithm it verifies."""
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a PEM public key: {exc}") from None
+    if isinstance(key, rsa.RSAPublicKey):
+        return _VerificationKey(key, "RS256")
+    if isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == "secp256r1":
+        return _VerificationKey(key, "ES256")
+    raise ValueError(f"{path}: actor keys must be RSA (RS256) or P-256 EC (ES256)")
 
 
 def _actor_from_claims(claims: Mapping[str, Any]) -> Actor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from warden_server.cli.approvals import approvals
 from warden_server.cli.audit import audit
 from warden_server.cli.policy import policy
 from warden_server.cli.serve import serve
@@ -20,7 +21,7 @@ def main() -> None:
     """Warden: a policy-as-code governance plane for the operations AI models may call."""
 
 
-for command in (serve, token, policy, audit):
+for command in (serve, token, policy, audit, approvals):
     main.add_command(command)
 
 __all__ = ["main"]

@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 import click
 import grpc
 
-from warden.shared.wire import ACTOR_TOKEN_METADATA
+from warden.shared.wire import ACTOR_TOKEN_METADATA, BEARER
 from warden.v1 import audit_pb2, audit_pb2_grpc
 from warden_server.audit import reader
 from warden_server.audit.chain import VerifyResult
@@ -74,7 +74,7 @@ class RemoteSource:
         self._target = target
         self._channel = grpc.insecure_channel(target)
         self._stub = audit_pb2_grpc.AuditStub(self._channel)
-        self._metadata = ((ACTOR_TOKEN_METADATA, f"Bearer {token}"),)
+        self._metadata = ((ACTOR_TOKEN_METADATA, f"{BEARER} {token}"),)
         self._timeout_s = timeout_s
 
     def query(self, f: AuditFilter, *, limit: int, before: int | None) -> Page:

@@ -4,6 +4,7 @@ one clear message."""
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import click
@@ -35,4 +36,7 @@ def open_store(config_path: str, store: str | None) -> SQLiteStore:
     path = Path(store) if store else load(config_path).store_path
     if not path.exists():
         raise click.ClickException(f"{path}: no such store")
-    return SQLiteStore(path)
+    try:
+        return SQLiteStore(path)
+    except sqlite3.DatabaseError as exc:
+        raise click.ClickException(f"{path}: not a Warden store ({exc})") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any, Literal
 
 import click
@@ -21,6 +22,7 @@ from warden_server.telemetry.logs import configure_logging
     "--log-level",
     default="INFO",
     show_default=True,
+    help="The lowest level of log message printed.",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
 )
 @click.option(
@@ -40,7 +42,13 @@ def serve(
     from warden_server.app import serve as start
     from warden_server.plane import Plane
 
-    config = load(config_path, listen=listen, store=store, policies=policies)
+    # Paths given on the command line are relative to where the command runs.
+    config = load(
+        config_path,
+        listen=listen,
+        store=str(Path(store).resolve()) if store else None,
+        policies=str(Path(policies).resolve()) if policies else None,
+    )
     configure_logging(log_level, log_format or config.telemetry.log_format)
     try:
         plane = Plane.from_config(config)

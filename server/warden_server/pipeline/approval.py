@@ -2,8 +2,9 @@
 
 A new ``require_approval`` decision creates a pending approval bound to the
 capability id and version, the requester and the input digest (SI-6). A
-resumed call must present an approval bound to exactly that; it is consumed
-atomically when the grant is written, so it works once.
+resumed call must present an approval bound to exactly that and asked for by
+the rule that requires approval now; it is consumed atomically when the grant
+is written, so it works once.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from warden_server.approvals.audit import approval_event
+from warden_server.approvals.events import ApprovalChange
+from warden_server.approvals.expiry import expire, is_due
+from warden_server.audit.events import iso
 from warden_server.pipeline.context import BeginContext
 from warden_server.pipeline.failure import Failure, fail
 from warden_server.policy.model import parse_duration
+from warden_server.store import ApprovalRecord, WriteTransaction
 
 if TYPE_CHECKING:
     from warden_server.plane import Plane
@@ -26,30 +32,23 @@ def approval(plane: Plane, ctx: BeginContext) -> Failure | None:
         return None
     assert decision.rule is not None and ctx.capability is not None and ctx.actor is not None
     if not ctx.request.approval_id:
-        ttl = decision.rule.ttl_seconds or parse_duration(plane.config.server.approval_ttl)
-        ctx.approval_id = uuid.uuid4().hex
-        expires = ctx.now + timedelta(seconds=ttl)
-        ctx.extra["approval_expires_at"] = expires
-        return suspended(ctx.approval_id, expires, decision.message, "approval-requested")
+        return _request(plane, ctx, "approval-requested")
 
     record = plane.store.get_approval(ctx.request.approval_id)
-    bound = record is not None and (
-        record.capability_id == ctx.capability.id
-        and record.capability_version == ctx.capability.version
-        and record.service == ctx.request.service.name
-        and record.requester_id == ctx.actor.id
-        and record.input_digest == ctx.input_digest
-    )
-    if record is None or not bound:
+    unbound = _unbound(ctx, record)
+    if record is None or unbound:
         # The same answer for a missing approval and someone else's: nothing leaks.
-        return fail("APPROVAL_DENIED", "approval-not-bound")
+        # The audit log learns which part of the binding failed.
+        return fail("APPROVAL_DENIED", "approval-not-bound:" + (unbound or "unknown-id"))
+    ctx.approval = record
+    if record.rule_id != decision.rule.id:
+        # The policies changed and another rule asks now: its approvers decide afresh.
+        return _request(plane, ctx, "approval-rule-changed")
     ctx.approval_id = record.approval_id
-    expires = datetime.fromisoformat(record.expires_at)
-    if record.state == "expired" or (
-        record.state in ("pending", "approved") and ctx.now >= expires
-    ):
+    if record.state == "expired" or is_due(record, ctx.now):
         return fail("APPROVAL_EXPIRED", "approval-expired")
     if record.state == "pending":
+        expires = datetime.fromisoformat(record.expires_at)
         return suspended(record.approval_id, expires, record.message, "approval-pending")
     if record.state == "denied":
         details = {"reason": record.reason} if record.reason else None
@@ -60,6 +59,68 @@ def approval(plane: Plane, ctx: BeginContext) -> Failure | None:
     return None
 
 
+def _request(plane: Plane, ctx: BeginContext, reason: str) -> Failure:
+    decision = ctx.decision
+    assert decision is not None and decision.rule is not None
+    ttl = decision.rule.ttl_seconds or parse_duration(plane.config.server.approval_ttl)
+    ctx.approval_id = uuid.uuid4().hex
+    expires = ctx.now + timedelta(seconds=ttl)
+    ctx.extra["approval_expires_at"] = expires
+    return suspended(ctx.approval_id, expires, decision.message, reason)
+
+
+def _unbound(ctx: BeginContext, record: ApprovalRecord | None) -> str:
+    """The parts of the binding (SI-6) the approval does not match, comma separated."""
+    if record is None:
+        return ""
+    assert ctx.capability is not None and ctx.actor is not None
+    expected = {
+        "capability_id": ctx.capability.id,
+        "capability_version": ctx.capability.version,
+        "service": ctx.request.service.name,
+        "requester": ctx.actor.id,
+        "input_digest": ctx.input_digest,
+    }
+    actual = {
+        "capability_id": record.capability_id,
+        "capability_version": record.capability_version,
+        "service": record.service,
+        "requester": record.requester_id,
+        "input_digest": record.input_digest,
+    }
+    return ",".join(key for key in expected if expected[key] != actual[key])
+
+
+def record_refused_use(
+    tx: WriteTransaction, ctx: BeginContext, failure: Failure
+) -> list[ApprovalChange]:
+    """Audit a Begin that presented an approval and was refused (a pending
+    approval's resume is not refused: it is still waiting). An approval whose
+    time is up is marked expired on the way."""
+    presented = ctx.request.approval_id
+    if not presented or (failure.code == "APPROVAL_REQUIRED" and ctx.approval_id == presented):
+        return []
+    changes = []
+    if ctx.approval is not None and is_due(ctx.approval, ctx.now):
+        change = expire(tx, ctx.approval, ctx.now, ctx.policies.revision)
+        if change is not None:
+            changes.append(change)
+    tx.append_audit(
+        approval_event(
+            "refused",
+            presented,
+            ctx.approval,
+            actor=ctx.actor,
+            policy_revision=ctx.policies.revision,
+            invocation_id=ctx.request.invocation_id,
+            surface=ctx.request.surface,
+            reason=failure.reason,
+            details={"attempt": "use"},
+        )
+    )
+    return changes
+
+
 def suspended(approval_id: str, expires: datetime, message: str | None, reason: str) -> Failure:
     return fail(
         "APPROVAL_REQUIRED",
@@ -67,7 +128,3 @@ def suspended(approval_id: str, expires: datetime, message: str | None, reason: 
         message=message,
         details={"approval_id": approval_id, "expires_at": iso(expires)},
     )
-
-
-def iso(moment: datetime) -> str:
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

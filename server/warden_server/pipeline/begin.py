@@ -5,6 +5,7 @@ No grant leaves the plane before its decision record is committed (SI-3).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -12,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from warden.shared.canonical import compact_json
 from warden.shared.schema import redact
-from warden_server.audit.events import AuditEvent
+from warden_server.approvals.audit import approval_event
+from warden_server.approvals.events import ApprovalChange
+from warden_server.audit.events import AuditEvent, iso
 from warden_server.grants import GrantClaims
-from warden_server.pipeline.approval import approval, iso
+from warden_server.pipeline.approval import approval, record_refused_use
 from warden_server.pipeline.authenticate import authenticate
 from warden_server.pipeline.authorize import authorize
 from warden_server.pipeline.context import BeginContext, BeginRequest
@@ -23,6 +26,7 @@ from warden_server.pipeline.policy import policy
 from warden_server.pipeline.resolve import resolve
 from warden_server.pipeline.validate import validate
 from warden_server.pipeline.visibility import visibility
+from warden_server.policy.engine import would_have
 from warden_server.store import ApprovalRecord, InvocationRecord, WriteTransaction
 
 if TYPE_CHECKING:
@@ -103,14 +107,18 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
 
     def work(tx: WriteTransaction) -> None:
         if ctx.consume_approval:
-            assert ctx.approval_id is not None
-            if not tx.consume_approval(ctx.approval_id, iso(ctx.now)):
+            assert ctx.approval is not None
+            if not tx.consume_approval(ctx.approval.approval_id, iso(ctx.now)):
                 raise ApprovalAlreadyUsed
-            tx.append_audit(_approval_event(ctx, "consumed"))
+            tx.append_audit(_approval_event(ctx, "consumed", ctx.approval))
         tx.insert_invocation(invocation)
         tx.append_audit(event)
 
     plane.store.transact(work)
+    if ctx.consume_approval:
+        assert ctx.approval is not None
+        consumed = dataclasses.replace(ctx.approval, state="consumed")
+        plane.approval_events.publish([ApprovalChange("consumed", consumed)])
     token = plane.grants.sign(
         GrantClaims(
             invocation_id=request.invocation_id,
@@ -144,13 +152,16 @@ def _refuse(plane: Plane, ctx: BeginContext, failure: Failure) -> BeginResult:
     event = _decision_event(ctx, "suspended" if suspended else "failed", failure)
     record = _approval_record(ctx, expires) if suspended and expires is not None else None
 
-    def work(tx: WriteTransaction) -> None:
+    def work(tx: WriteTransaction) -> list[ApprovalChange]:
         tx.append_audit(event)
+        changes = record_refused_use(tx, ctx, failure)
         if record is not None:
             tx.insert_approval(record)
-            tx.append_audit(_approval_event(ctx, "requested"))
+            tx.append_audit(_approval_event(ctx, "requested", record))
+            changes.append(ApprovalChange("requested", record))
+        return changes
 
-    plane.store.transact(work)
+    plane.approval_events.publish(plane.store.transact(work))
     if suspended and expires is None and failure.details:
         expires = datetime.fromisoformat(failure.details["expires_at"])
     return BeginResult(
@@ -182,6 +193,9 @@ def _approval_record(ctx: BeginContext, expires: datetime) -> ApprovalRecord:
         state="pending",
         created_at=iso(ctx.now),
         expires_at=iso(expires),
+        invocation_id=ctx.request.invocation_id,
+        policy_revision=ctx.policies.revision,
+        requester=compact_json(actor.to_cel()),
     )
 
 
@@ -214,22 +228,15 @@ def _decision_event(ctx: BeginContext, status: str, failure: Failure | None) -> 
     )
 
 
-def _approval_event(ctx: BeginContext, status: str) -> AuditEvent:
-    capability, actor = ctx.capability, ctx.actor
-    assert capability is not None and actor is not None
-    return AuditEvent(
-        kind="approval",
-        status=status,
-        invocation_id=ctx.request.invocation_id,
-        capability_id=capability.id,
-        capability_version=capability.version,
-        service=ctx.request.service.name,
-        actor_id=actor.id,
-        tenant=actor.tenant,
-        surface=ctx.request.surface,
+def _approval_event(ctx: BeginContext, status: str, record: ApprovalRecord) -> AuditEvent:
+    return approval_event(
+        status,
+        record.approval_id,
+        record,
+        actor=ctx.actor,
         policy_revision=ctx.policies.revision,
-        approval_id=ctx.approval_id,
-        input_digest=ctx.input_digest,
+        invocation_id=ctx.request.invocation_id,
+        surface=ctx.request.surface,
     )
 
 
@@ -242,7 +249,11 @@ def _rules_json(ctx: BeginContext) -> str | None:
     hiding = ctx.visibility.rule_id if ctx.visibility else None
     if not results and not deciding and not hiding:
         return None
-    return compact_json({"decided_by": hiding or deciding, "evaluated": results})
+    recorded: dict[str, Any] = {"decided_by": hiding or deciding, "evaluated": results}
+    shadow = would_have(ctx.visibility, ctx.decision) if ctx.visibility else None
+    if shadow is not None:
+        recorded["would_have"] = shadow.outcome_json()
+    return compact_json(recorded)
 
 
 def _redacted_input(ctx: BeginContext) -> str | None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from warden.shared.canonical import compact_json
+from warden.shared.canonical import canonical_json, compact_json, strict_loads
 from warden.shared.codes import STAGES
 from warden.shared.schema import redact
 from warden_server.audit.events import AuditEvent, now_iso
@@ -74,8 +73,9 @@ def complete(plane: Plane, request: CompleteRequest) -> int:
     output = None
     if request.output_json:
         try:
-            value = json.loads(request.output_json)
-        except json.JSONDecodeError as exc:
+            value = strict_loads(request.output_json)
+            canonical_json(value)
+        except ValueError as exc:
             raise InvalidRequest(f"output_json is not valid JSON: {exc}") from None
         schema = capability.definition.output_schema if capability else {}
         output = compact_json(redact(value, schema))

@@ -8,8 +8,11 @@ from typing import Any
 
 from warden_server.auth.actors import Actor
 from warden_server.auth.services import Service
+from warden_server.policy.cel import Activation
 from warden_server.policy.engine import Decision, PolicySet
+from warden_server.policy.variables import decision_variables
 from warden_server.registry import Capability
+from warden_server.store import ApprovalRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,22 +42,28 @@ class BeginContext:
     actor: Actor | None = None
     input: Any = None
     input_digest: str | None = None
+    activation: Activation | None = None
+    """The policy variables, converted once per decision (input added at step 7)."""
     visibility: Decision | None = None
     decision: Decision | None = None
     approval_id: str | None = None
+    approval: ApprovalRecord | None = None
+    """The approval the call presented, once it is known to be bound to the call."""
     consume_approval: bool = False
     reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def variables(self, *, with_input: bool) -> dict[str, Any]:
-        """The policy variables (SPEC §6), built once per activation."""
-        assert self.actor is not None and self.capability is not None
-        variables: dict[str, Any] = {
-            "actor": self.actor.to_cel(),
-            "capability": self.capability.to_cel(),
-            "context": {**self.request.context, "surface": self.request.surface},
-            "now": self.now,
-        }
-        if with_input:
-            variables["input"] = self.input
-        return variables
+    def base_activation(self) -> Activation:
+        """The policy variables without ``input``, converted on first use."""
+        if self.activation is None:
+            assert self.actor is not None and self.capability is not None
+            self.activation = self.policies.activation(
+                decision_variables(
+                    actor=self.actor.to_cel(),
+                    capability=self.capability.to_cel(),
+                    context=self.request.context,
+                    surface=self.request.surface,
+                    now=self.now,
+                )
+            )
+        return self.activation

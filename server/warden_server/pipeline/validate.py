@@ -6,10 +6,9 @@ what is wrong, never the value.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
-from warden.shared.canonical import digest
+from warden.shared.canonical import NotCanonicalizable, canonical_value, digest, strict_loads
 from warden.shared.schema import validation_issues
 from warden_server.pipeline.context import BeginContext
 from warden_server.pipeline.failure import Failure, fail
@@ -26,15 +25,47 @@ def validate(plane: Plane, ctx: BeginContext) -> Failure | None:
         issue = {"path": "", "message": f"must be at most {limit} bytes of JSON"}
         return fail("INPUT_INVALID", "input-too-large", details={"issues": [issue]})
     try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+        value = strict_loads(text)
+    except (ValueError, RecursionError):
         issue = {"path": "", "message": "must be a JSON document"}
         return fail("INPUT_INVALID", "input-not-json", stage="adapter", details={"issues": [issue]})
     ctx.input = value
-    issues = validation_issues(ctx.capability.input_validator, value)
+    issues = [i.to_json() for i in validation_issues(ctx.capability.input_validator, value)]
+    # Digests use RFC 8785, which (like I-JSON) admits only integers a double holds exactly.
+    issues += [
+        {"path": path, "message": f"must be an integer within ±{MAX_SAFE_INTEGER}"}
+        for path in _unsafe_integers(value, "")
+    ]
     if issues:
-        return fail(
-            "INPUT_INVALID", "schema-violation", details={"issues": [i.to_json() for i in issues]}
-        )
-    ctx.input_digest = digest(value)
+        return fail("INPUT_INVALID", "schema-violation", details={"issues": issues})
+    try:
+        ctx.input = canonical_value(value)
+    except NotCanonicalizable:
+        ctx.input = None  # nothing without a canonical form is stored or digested
+        issue = {"path": "", "message": "must contain only valid Unicode text"}
+        return fail("INPUT_INVALID", "not-canonicalizable", details={"issues": [issue]})
+    ctx.input_digest = digest(ctx.input)
     return None
+
+
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+def _unsafe_integers(value: object, path: str) -> list[str]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [path] if abs(value) > MAX_SAFE_INTEGER else []
+    if isinstance(value, dict):
+        return [
+            p
+            for key, child in value.items()
+            for p in _unsafe_integers(child, f"{path}/{_escape(str(key))}")
+        ]
+    if isinstance(value, list):
+        return [p for i, child in enumerate(value) for p in _unsafe_integers(child, f"{path}/{i}")]
+    return []
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")

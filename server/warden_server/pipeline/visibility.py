@@ -20,8 +20,7 @@ def visibility(plane: Plane, ctx: BeginContext) -> Failure | None:
     assert ctx.capability is not None
     if ctx.request.surface not in ctx.capability.definition.exposure:
         return not_found("unexposed-surface")
-    activation = ctx.policies.activation(ctx.variables(with_input=False))
-    ctx.visibility = ctx.policies.visibility(ctx.capability.id, activation)
+    ctx.visibility = ctx.policies.visibility(ctx.capability.id, ctx.base_activation())
     if ctx.visibility.effect == "hide":
         rule = ctx.visibility.rule_id
         return not_found(f"hidden-by-policy:{rule}" if rule else "hide-rule-failed")

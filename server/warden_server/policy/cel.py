@@ -6,13 +6,14 @@ implementing ``Evaluator`` and passing the policy test suite identically.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 import celpy
 import lark
+import lark.exceptions
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
@@ -38,14 +39,31 @@ class Activation(Protocol):
     """The variables of one decision, converted once for the evaluator."""
 
 
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """A variable an expression reads, with the longest field path read under it
+    (``input.amount`` is ("input", ("amount",))), and where it starts."""
+
+    variable: str
+    path: tuple[str, ...]
+    line: int
+    column: int
+
+
 class Program(Protocol):
     """A compiled expression."""
 
     free_variables: frozenset[str]
     """The top-level variables the expression reads."""
+    references: tuple[Reference, ...]
+    """Every read of a free variable, in source order."""
     size: int
     """The number of syntax nodes: the basis of the cost limit."""
     depth: int
+    """The depth of the syntax tree: evaluation recursion grows with it."""
+    comprehension_depth: int
+    """How deeply comprehensions (all, exists, map, filter) nest: each level
+    multiplies the work by the length of a list."""
 
     def evaluate(self, activation: Activation) -> Any:
         """The expression's value as plain Python (bool, str, int, ...).
@@ -55,15 +73,22 @@ class Program(Protocol):
         """
         ...
 
-    def member_paths(self, variable: str) -> Iterator[tuple[str, ...]]:
-        """The field paths read under a variable, e.g. ("amount",) for input.amount."""
-        ...
-
 
 class Evaluator(Protocol):
-    def compile(self, expression: str) -> Program: ...
+    def compile(self, expression: str) -> Program:
+        """Parse and prepare an expression.
 
-    def activation(self, variables: Mapping[str, Any]) -> Activation: ...
+        Raises:
+            CompileError: the expression does not parse.
+        """
+        ...
+
+    def activation(
+        self, variables: Mapping[str, Any], base: Activation | None = None
+    ) -> Activation:
+        """Convert ``variables`` once, for many evaluations; with ``base``, the
+        base's variables plus these, converting only these."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +99,11 @@ class _CelActivation:
 class _CelProgram:
     def __init__(self, runner: celpy.Runner, tree: lark.Tree[Any]) -> None:
         self._runner = runner
-        self._tree = tree
         self.free_variables = frozenset(_free_identifiers(tree))
+        self.references = _references(tree, self.free_variables)
         self.size = sum(1 for _ in tree.iter_subtrees())
         self.depth = _depth(tree)
+        self.comprehension_depth = _comprehension_depth(tree)
 
     def evaluate(self, activation: Activation) -> Any:
         assert isinstance(activation, _CelActivation)
@@ -87,17 +113,12 @@ class _CelProgram:
             raise EvaluationError(_eval_message(exc)) from None
         except (TypeError, ValueError, KeyError, ZeroDivisionError, OverflowError) as exc:
             raise EvaluationError(f"{type(exc).__name__}: {exc}") from None
+        except RecursionError:
+            # The cost limit keeps checked policies far from this; fail closed anyway.
+            raise EvaluationError("expression nests too deeply to evaluate") from None
         if isinstance(value, CELEvalError):
             raise EvaluationError(_eval_message(value))
         return _to_python(value)
-
-    def member_paths(self, variable: str) -> Iterator[tuple[str, ...]]:
-        for node in self._tree.iter_subtrees():
-            if node.data != "member_dot":
-                continue
-            path = _dotted(node)
-            if path and path[0] == variable and len(path) > 1:
-                yield tuple(path[1:])
 
 
 class CelPythonEvaluator:
@@ -114,22 +135,42 @@ class CelPythonEvaluator:
         try:
             tree = self._env.compile(expression)
         except CELParseError as exc:
-            first = str(exc.args[0]).splitlines()[0] if exc.args else "syntax error"
             raise CompileError(
-                f"CEL syntax error: {first}".rstrip(),
+                f"CEL syntax error: {_syntax_problem(exc)}",
                 line=getattr(exc, "line", None) or 1,
                 column=getattr(exc, "column", None) or 1,
             ) from None
+        except RecursionError:
+            raise CompileError("expression nests too deeply to parse") from None
         return _CelProgram(self._env.program(tree), tree)
 
-    def activation(self, variables: Mapping[str, Any]) -> Activation:
+    def activation(
+        self, variables: Mapping[str, Any], base: Activation | None = None
+    ) -> Activation:
         converted: dict[str, Any] = {}
+        if base is not None:
+            assert isinstance(base, _CelActivation)
+            converted.update(base.values)
         for name, value in variables.items():
             if isinstance(value, datetime):
                 converted[name] = celtypes.TimestampType(value)
             else:
                 converted[name] = json_to_cel(value)
         return _CelActivation(converted)
+
+
+def _syntax_problem(error: CELParseError) -> str:
+    """What the parser tripped on; cel-python itself only says where."""
+    cause = error.__cause__ or error.__context__
+    if isinstance(cause, lark.exceptions.UnexpectedCharacters):
+        return f"unexpected character {cause.char!r}"
+    if isinstance(cause, lark.exceptions.UnexpectedToken):
+        if cause.token.type == "$END":
+            return "the expression ends too soon"
+        return f"unexpected {str(cause.token)!r}"
+    if isinstance(cause, lark.exceptions.UnexpectedEOF):
+        return "the expression ends too soon"
+    return "cannot parse here"
 
 
 def _eval_message(error: CELEvalError) -> str:
@@ -191,6 +232,40 @@ def _dotted(node: Any) -> list[str] | None:
         head = _dotted(node.children[0])
         return [*head, str(node.children[1])] if head else None
     return None
+
+
+def _references(tree: lark.Tree[Any], free: frozenset[str]) -> tuple[Reference, ...]:
+    """The longest member chain at each place a free variable is read."""
+    longest: dict[tuple[int, int], Reference] = {}
+    for node in tree.iter_subtrees():
+        if node.data not in ("member_dot", "ident"):
+            continue
+        chain = _dotted(node)
+        if not chain or chain[0] not in free:
+            continue
+        where = (node.meta.line, node.meta.column)
+        known = longest.get(where)
+        if known is None or len(known.path) < len(chain) - 1:
+            longest[where] = Reference(chain[0], tuple(chain[1:]), *where)
+    return tuple(longest[where] for where in sorted(longest))
+
+
+def _comprehension_depth(tree: lark.Tree[Any]) -> int:
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, lark.Tree):
+            continue
+        if (
+            node.data == "member_dot_arg"
+            and len(node.children) >= 2
+            and str(node.children[1]) in MACROS
+        ):
+            depth += 1
+        deepest = max(deepest, depth)
+        stack.extend((child, depth) for child in node.children)
+    return deepest
 
 
 def _depth(tree: lark.Tree[Any]) -> int:

@@ -1,20 +1,18 @@
 """A compiled policy set and the decisions it makes.
 
-Compiled once per revision; a request only builds its activation once and
-evaluates the rules indexed for its capability.
+Compiled once per revision; a decision builds its activation once and
+evaluates only the rules whose globs match its capability (``GlobIndex``).
 """
 
 from __future__ import annotations
 
-import fnmatch
-import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from warden_server.policy.cel import Activation, EvaluationError, Evaluator, Program
-from warden_server.policy.model import EFFECT_PRECEDENCE, Effect, Rule
-
-Outcome = Effect | Literal["error"]
+from warden_server.policy.globs import GlobIndex, matches
+from warden_server.policy.model import EFFECT_PRECEDENCE, Effect, Outcome, Rule
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +29,12 @@ class CompiledRule:
     def id(self) -> str:
         return self.rule.id
 
+    @property
+    def enforced(self) -> bool:
+        return self.rule.mode == "enforce"
+
     def applies_to(self, capability_id: str) -> bool:
-        return any(fnmatch.fnmatchcase(capability_id, glob) for glob in self.rule.capabilities)
+        return any(matches(capability_id, glob) for glob in self.rule.capabilities)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ class RuleResult:
     mode: str
     matched: bool
     error: str | None = None
+    message_error: str | None = None
+    """Why ``message_expr`` failed, when the message fell back to ``message``."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -54,6 +58,8 @@ class RuleResult:
         }
         if self.error:
             data["error"] = self.error
+        if self.message_error:
+            data["message_error"] = self.message_error
         return data
 
 
@@ -66,6 +72,9 @@ class Decision:
     rule: CompiledRule | None = None
     message: str | None = None
     results: tuple[RuleResult, ...] = ()
+    would_have: Decision | None = None
+    """What audit-mode rules would have decided had they been enforced, when
+    that differs from this decision ("would have denied")."""
 
     @property
     def rule_id(self) -> str | None:
@@ -73,6 +82,16 @@ class Decision:
 
     def rules_json(self) -> list[dict[str, Any]]:
         return [r.to_json() for r in self.results]
+
+    def outcome_json(self) -> dict[str, Any]:
+        """The effect, the deciding rule and the message, for the audit log."""
+        return {"effect": self.effect, "rule": self.rule_id, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class _RulesFor:
+    hide: tuple[CompiledRule, ...]
+    decide: tuple[CompiledRule, ...]
 
 
 @dataclass(slots=True)
@@ -84,22 +103,21 @@ class PolicySet:
     files: tuple[str, ...]
     evaluator: Evaluator
     default_effect: Literal["allow", "deny"] = "deny"
-    _index: dict[str, tuple[CompiledRule, ...]] = field(default_factory=dict, repr=False)
-    _index_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _index: GlobIndex = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._index = GlobIndex(r.rule.capabilities for r in self.rules)
 
     def rules_for(self, capability_id: str) -> tuple[CompiledRule, ...]:
-        """The rules whose globs match the capability, in load order (memoized)."""
-        found = self._index.get(capability_id)
-        if found is None:
-            found = tuple(r for r in self.rules if r.applies_to(capability_id))
-            with self._index_lock:
-                if len(self._index) > 10_000:
-                    self._index.clear()
-                self._index[capability_id] = found
-        return found
+        """The rules whose globs match the capability, in load order."""
+        return tuple(self.rules[p] for p in self._index.positions(capability_id))
 
-    def activation(self, variables: dict[str, Any]) -> Activation:
-        return self.evaluator.activation(variables)
+    def activation(
+        self, variables: Mapping[str, Any], base: Activation | None = None
+    ) -> Activation:
+        """Convert a decision's variables once (see ``variables.decision_variables``);
+        with ``base``, add ``variables`` to it."""
+        return self.evaluator.activation(variables, base)
 
     def visibility(self, capability_id: str, activation: Activation) -> Decision:
         """Step 4: ``hide`` if an enforced hide rule matches, else ``allow``.
@@ -107,50 +125,102 @@ class PolicySet:
         A hide rule that fails to evaluate conceals too: revealing that a
         capability exists is itself a disclosure.
         """
-        results = []
-        hiding: CompiledRule | None = None
-        failed = False
-        for rule in self.rules_for(capability_id):
-            if rule.rule.effect != "hide":
-                continue
-            result = _evaluate(rule, activation)
-            results.append(result)
-            if result.matched and rule.rule.mode == "enforce" and hiding is None:
-                hiding = rule
-            failed = failed or (result.error is not None and rule.rule.mode == "enforce")
-        if hiding is not None or failed:
-            return Decision("hide", self.revision, hiding, None, tuple(results))
-        return Decision("allow", self.revision, None, None, tuple(results))
+        hides = [r for r in self.rules_for(capability_id) if r.rule.effect == "hide"]
+        results = tuple(_evaluate(rule, activation) for rule in hides)
+        enforced = _hide_outcome(hides, results, enforced_only=True)
+        decision = Decision(enforced[0], self.revision, enforced[1], None, results)
+        shadow = _hide_outcome(hides, results, enforced_only=False)
+        if shadow != enforced:
+            decision = _with_shadow(decision, Decision(shadow[0], self.revision, shadow[1]))
+        return decision
 
     def decide(self, capability_id: str, activation: Activation) -> Decision:
         """Step 7: every non-hide rule for the capability, by precedence.
 
         deny beats require_approval beats allow; with no match the default
-        applies; an enforced rule that fails to evaluate fails closed (``error``).
+        applies; an enforced rule that fails to evaluate fails closed
+        (``error``). Audit-mode rules are evaluated alongside and only
+        recorded, in ``would_have``.
         """
-        results = []
-        matched: dict[str, CompiledRule] = {}
-        failed = False
-        for rule in self.rules_for(capability_id):
-            if rule.rule.effect == "hide":
-                continue
-            result = _evaluate(rule, activation)
-            results.append(result)
-            if rule.rule.mode != "enforce":
-                continue
-            if result.error is not None:
-                failed = True
-            elif result.matched:
-                matched.setdefault(rule.rule.effect, rule)
-        if failed:
+        rules = [r for r in self.rules_for(capability_id) if r.rule.effect != "hide"]
+        results = [_evaluate(rule, activation) for rule in rules]
+        decision = self._decision(rules, results, activation, enforced_only=True)
+        if any(not r.enforced for r in rules):
+            shadow = self._decision(rules, results, activation, enforced_only=False)
+            if (shadow.effect, shadow.rule_id) != (decision.effect, decision.rule_id):
+                decision = _with_shadow(decision, shadow)
+        return decision
+
+    def _decision(
+        self,
+        rules: list[CompiledRule],
+        results: list[RuleResult],
+        activation: Activation,
+        *,
+        enforced_only: bool,
+    ) -> Decision:
+        considered = [
+            (rule, result)
+            for rule, result in zip(rules, results, strict=True)
+            if rule.enforced or not enforced_only
+        ]
+        if any(result.error is not None for _, result in considered):
             return Decision("error", self.revision, None, None, tuple(results))
+        matched: dict[str, CompiledRule] = {}
+        for rule, result in considered:
+            if result.matched:
+                matched.setdefault(rule.rule.effect, rule)
         for effect in EFFECT_PRECEDENCE:
             if effect in matched:
                 rule = matched[effect]
-                return Decision(
-                    effect, self.revision, rule, _message(rule, activation), tuple(results)
-                )
+                message, problem = _message(rule, activation)
+                if problem is not None:
+                    results = [
+                        _replace_message_error(r, problem) if r.rule_id == rule.id else r
+                        for r in results
+                    ]
+                return Decision(effect, self.revision, rule, message, tuple(results))
         return Decision(self.default_effect, self.revision, None, None, tuple(results))
+
+
+def would_have(visibility: Decision, decision: Decision | None) -> Decision | None:
+    """What a request's decisions would have been had audit-mode rules been
+    enforced, or None when that changes nothing. An audit hide rule would
+    have concealed the capability before any other rule ran."""
+    shadow = visibility.would_have
+    if shadow is not None and shadow.effect == "hide":
+        return shadow
+    return decision.would_have if decision is not None else None
+
+
+def _hide_outcome(
+    rules: list[CompiledRule], results: Iterable[RuleResult], *, enforced_only: bool
+) -> tuple[Outcome, CompiledRule | None]:
+    failed = False
+    for rule, result in zip(rules, results, strict=True):
+        if enforced_only and not rule.enforced:
+            continue
+        if result.matched:
+            return "hide", rule
+        failed = failed or result.error is not None
+    return ("hide", None) if failed else ("allow", None)
+
+
+def _with_shadow(decision: Decision, shadow: Decision) -> Decision:
+    return Decision(
+        decision.effect,
+        decision.revision,
+        decision.rule,
+        decision.message,
+        decision.results,
+        would_have=shadow,
+    )
+
+
+def _replace_message_error(result: RuleResult, problem: str) -> RuleResult:
+    return RuleResult(
+        result.rule_id, result.effect, result.mode, result.matched, result.error, problem
+    )
 
 
 def _evaluate(rule: CompiledRule, activation: Activation) -> RuleResult:
@@ -169,12 +239,18 @@ def _evaluate(rule: CompiledRule, activation: Activation) -> RuleResult:
     return RuleResult(rule.id, rule.rule.effect, rule.rule.mode, value)
 
 
-def _message(rule: CompiledRule, activation: Activation) -> str | None:
-    if rule.message_expr is not None:
-        try:
-            value = rule.message_expr.evaluate(activation)
-        except EvaluationError:
-            value = None
-        if isinstance(value, str) and value:
-            return value
-    return rule.rule.message
+def _message(rule: CompiledRule, activation: Activation) -> tuple[str | None, str | None]:
+    """The rule's message, and why ``message_expr`` failed when it fell back."""
+    if rule.message_expr is None:
+        return rule.rule.message, None
+    try:
+        value = rule.message_expr.evaluate(activation)
+    except EvaluationError as exc:
+        return rule.rule.message, str(exc)
+    if not isinstance(value, str) or not value:
+        # The type only: the value may be input, and the audit log keeps no raw input.
+        return (
+            rule.rule.message,
+            f"'message_expr' must give a non-empty string, got {type(value).__name__}",
+        )
+    return value, None

@@ -1,49 +1,84 @@
-"""Load a policy folder: parse, validate, compile — and report every problem
-at once, each as ``file:line:col: path: message``, in a stable order."""
+"""Load a policy folder: read, parse, validate, type-check, compile — and
+report every problem at once, each as ``file:line:col: path: message``, in a
+stable order (file, line, column).
+
+A folder is read once into a ``PolicySource`` (names and bytes, hence its
+revision), then compiled from exactly those bytes: what is hashed is what
+is checked and what runs.
+"""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from warden_server.policy import yamlpos
+from warden_server.policy import variables, yamlpos
 from warden_server.policy.cel import CelPythonEvaluator, CompileError, Evaluator, Program
 from warden_server.policy.engine import CompiledRule, PolicySet
-from warden_server.policy.model import PolicyFile, Rule, parse_duration
+from warden_server.policy.globs import matches
+from warden_server.policy.inputs import InputSchema, missing_field
+from warden_server.policy.model import EXPRESSION_KEYS, PolicyFile, Rule, parse_duration
 
-WHEN_VARIABLES: Final = frozenset({"actor", "capability", "input", "context", "now"})
-HIDE_VARIABLES: Final = WHEN_VARIABLES - {"input"}
-APPROVER_VARIABLES: Final = frozenset({"approver", "requester", "capability", "input"})
+MAX_EXPRESSION_CHARS: Final = 10_000
 MAX_EXPRESSION_NODES: Final = 4000
 MAX_EXPRESSION_DEPTH: Final = 400
+MAX_COMPREHENSION_NESTING: Final = 2
 POLICY_SUFFIXES: Final = (".yaml", ".yml")
+_HIDE_READS_INPUT: Final = "hide rules run before input validation and cannot read 'input'"
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class Problem:
-    """One problem in one policy file."""
+    """One problem in one policy (or policy test) file."""
 
     file: str
     line: int
     column: int
     path: str
+    """Where in the document, e.g. ``rules[2].when``; empty for the whole file."""
     message: str
 
     def __str__(self) -> str:
         where = f"{self.path}: " if self.path else ""
         return f"{self.file}:{self.line}:{self.column}: {where}{self.message}"
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "column": self.column,
+            "path": self.path,
+            "message": self.message,
+        }
+
 
 class PolicyLoadError(Exception):
     """A policy set has problems; it never replaces the last good set (SI-12)."""
 
-    def __init__(self, problems: list[Problem]) -> None:
+    def __init__(self, problems: list[Problem], revision: str = "", files: Sequence[str] = ()):
         self.problems = sorted(problems)
+        self.revision = revision
+        """The content hash of what was read, when the folder could be read."""
+        self.files = tuple(files)
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySource:
+    """A policy folder as read at one moment: every policy file's name and bytes."""
+
+    directory: Path
+    files: tuple[tuple[str, bytes], ...]
+    revision: str
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.files)
 
 
 def policy_files(directory: Path) -> list[Path]:
@@ -51,7 +86,7 @@ def policy_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.suffix in POLICY_SUFFIXES and p.is_file())
 
 
-def revision_of(files: list[tuple[str, bytes]]) -> str:
+def revision_of(files: Sequence[tuple[str, bytes]]) -> str:
     """The content hash of a policy set: names and bytes of every file."""
     h = hashlib.sha256()
     for name, content in sorted(files):
@@ -59,185 +94,319 @@ def revision_of(files: list[tuple[str, bytes]]) -> str:
     return h.hexdigest()
 
 
-def load_policies(
-    directory: str | Path,
+def read_policy_folder(directory: str | Path) -> PolicySource:
+    """Read every policy file of ``directory`` once.
+
+    Raises:
+        PolicyLoadError: the folder or one of its files cannot be read.
+    """
+    directory = Path(directory)
+    try:
+        paths = policy_files(directory)
+    except OSError as exc:
+        reason = "no such policy folder" if not directory.exists() else exc.strerror
+        raise PolicyLoadError([Problem(str(directory), 1, 1, "", str(reason))]) from None
+    files = []
+    for path in paths:
+        try:
+            files.append((path.name, path.read_bytes()))
+        except OSError as exc:
+            # A file removed between listing and reading: the folder is mid-change.
+            raise PolicyLoadError([Problem(str(path), 1, 1, "", str(exc.strerror))]) from None
+    return PolicySource(directory, tuple(files), revision_of(files))
+
+
+def compile_policies(
+    source: PolicySource,
     *,
     default_effect: Literal["allow", "deny"] = "deny",
     evaluator: Evaluator | None = None,
+    capabilities: Sequence[InputSchema] = (),
 ) -> PolicySet:
-    """Load, check and compile every policy file in ``directory``.
+    """Check and compile a policy folder as read.
+
+    Args:
+        source: The folder's files.
+        default_effect: The decision when no rule matches.
+        evaluator: The CEL evaluator (the reference one by default).
+        capabilities: Known capabilities' input schemas: when given, every
+            ``input.x`` a rule reads must be declared by a capability it matches.
 
     Raises:
         PolicyLoadError: any problem in any file (all of them, sorted).
     """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise PolicyLoadError([Problem(str(directory), 1, 1, "", "no such policy folder")])
     evaluator = evaluator or CelPythonEvaluator()
     problems: list[Problem] = []
     rules: list[CompiledRule] = []
-    contents: list[tuple[str, bytes]] = []
-    for path in policy_files(directory):
-        raw = path.read_bytes()
-        contents.append((path.name, raw))
-        rules.extend(_load_file(path, raw, evaluator, problems))
-    first_seen: dict[str, CompiledRule] = {}
-    for rule in rules:
-        if rule.id in first_seen:
-            other = first_seen[rule.id]
+    ids: list[tuple[str, str, str, yamlpos.Position]] = []
+    for name, raw in source.files:
+        checker = _FileChecker(str(source.directory / name), evaluator, capabilities, problems)
+        rules.extend(checker.check(raw))
+        ids.extend(checker.ids)
+    first_seen: dict[str, tuple[str, yamlpos.Position]] = {}
+    for rule_id, file, path, position in ids:
+        if rule_id in first_seen:
+            other_file, other = first_seen[rule_id]
             problems.append(
                 Problem(
-                    rule.file,
-                    rule.line,
-                    1,
-                    "",
-                    f"duplicate rule id {rule.id!r} (first defined at {other.file}:{other.line})",
+                    file,
+                    position.line,
+                    position.column,
+                    path,
+                    f"duplicate rule id {rule_id!r} (first defined at "
+                    f"{other_file}:{other.line}:{other.column})",
                 )
             )
         else:
-            first_seen[rule.id] = rule
+            first_seen[rule_id] = (file, position)
     if problems:
-        raise PolicyLoadError(problems)
+        raise PolicyLoadError(problems, source.revision, source.names)
     return PolicySet(
-        revision=revision_of(contents),
+        revision=source.revision,
         rules=tuple(rules),
-        files=tuple(name for name, _ in contents),
+        files=source.names,
         evaluator=evaluator,
         default_effect=default_effect,
     )
 
 
-def _load_file(
-    path: Path, raw: bytes, evaluator: Evaluator, problems: list[Problem]
-) -> list[CompiledRule]:
-    name = str(path)
-    try:
-        document = yamlpos.load(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        problems.append(Problem(name, 1, 1, "", f"not UTF-8 text: {exc.reason}"))
-        return []
-    except yamlpos.YAMLSyntaxError as exc:
-        problems.append(Problem(name, exc.position.line, exc.position.column, "", str(exc)))
-        return []
-    for dup_path, position in document.duplicates:
-        problems.append(
-            Problem(name, position.line, position.column, _dotted(dup_path), "duplicate key")
-        )
-    data = document.data if document.data is not None else {}
-    try:
-        parsed = PolicyFile.model_validate(data)
-    except ValidationError as exc:
-        for error in exc.errors():
-            loc = tuple(error["loc"])
-            position = document.position(loc)
-            problems.append(
-                Problem(
-                    name, position.line, position.column, _dotted(loc), _pydantic_message(error)
-                )
-            )
-        return []
-    compiled = []
-    for index, rule in enumerate(parsed.rules):
-        base: yamlpos.Path = ("rules", index)
-        before = len(problems)
-        rule_compiled = _compile_rule(name, rule, base, document, evaluator, problems)
-        if rule_compiled is not None and len(problems) == before:
-            compiled.append(rule_compiled)
-    return compiled
+def load_policies(
+    directory: str | Path,
+    *,
+    default_effect: Literal["allow", "deny"] = "deny",
+    evaluator: Evaluator | None = None,
+    capabilities: Sequence[InputSchema] = (),
+) -> PolicySet:
+    """Read, check and compile every policy file in ``directory``.
 
-
-def _compile_rule(
-    file: str,
-    rule: Rule,
-    base: yamlpos.Path,
-    document: yamlpos.Document,
-    evaluator: Evaluator,
-    problems: list[Problem],
-) -> CompiledRule | None:
-    def problem(key: str, message: str, line_offset: int = 0, column: int | None = None) -> None:
-        position = document.position((*base, key))
-        problems.append(
-            Problem(
-                file,
-                position.line + line_offset,
-                column if column is not None else position.column,
-                _dotted((*base, key)),
-                message,
-            )
-        )
-
-    def compile_expr(key: str, text: str, allowed: frozenset[str]) -> Program | None:
-        try:
-            program = evaluator.compile(text)
-        except CompileError as exc:
-            path = (*base, key)
-            position = document.position(path)
-            style = document.styles.get(path)
-            if style in ("|", ">"):
-                problem(key, str(exc), line_offset=exc.line, column=exc.column)
-            else:
-                quote = 1 if style in ("'", '"') else 0
-                column = position.column + quote + exc.column - 1 if exc.line == 1 else exc.column
-                problem(key, str(exc), line_offset=exc.line - 1, column=column)
-            return None
-        unknown = sorted(program.free_variables - allowed)
-        if unknown:
-            problem(
-                key,
-                f"unknown variable{'s' if len(unknown) > 1 else ''} "
-                f"{', '.join(unknown)} (available: {', '.join(sorted(allowed))})",
-            )
-        if program.size > MAX_EXPRESSION_NODES or program.depth > MAX_EXPRESSION_DEPTH:
-            problem(
-                key,
-                f"expression exceeds the cost limit ({program.size} nodes, depth "
-                f"{program.depth}; limits {MAX_EXPRESSION_NODES} and "
-                f"{MAX_EXPRESSION_DEPTH})",
-            )
-        return program
-
-    is_hide = rule.effect == "hide"
-    when = compile_expr("when", rule.when, HIDE_VARIABLES if is_hide else WHEN_VARIABLES)
-    if is_hide and when is not None and "input" in when.free_variables:
-        problem("when", "hide rules run before input validation and cannot use 'input'")
-    message_expr = (
-        compile_expr("message_expr", rule.message_expr, WHEN_VARIABLES)
-        if rule.message_expr
-        else None
-    )
-    approvers = None
-    if rule.effect == "require_approval":
-        approvers = compile_expr("approvers", rule.approvers or "true", APPROVER_VARIABLES)
-    else:
-        for key in ("approvers", "ttl"):
-            if getattr(rule, key) is not None:
-                problem(key, f"'{key}' applies only to require_approval rules")
-    if when is None:
-        return None
-    return CompiledRule(
-        rule=rule,
-        file=file,
-        line=document.position(base).line,
-        when=when,
-        message_expr=message_expr,
-        approvers=approvers,
-        ttl_seconds=parse_duration(rule.ttl) if rule.ttl else None,
+    Raises:
+        PolicyLoadError: any problem in any file (all of them, sorted).
+    """
+    return compile_policies(
+        read_policy_folder(directory),
+        default_effect=default_effect,
+        evaluator=evaluator,
+        capabilities=capabilities,
     )
 
 
-def _dotted(path: tuple[Any, ...]) -> str:
+def validation_problems(
+    file: str, document: yamlpos.Document, error: ValidationError, prefix: yamlpos.Path = ()
+) -> list[Problem]:
+    """A pydantic validation error as problems, each at its place in the document."""
+    problems = []
+    for item in error.errors():
+        loc: yamlpos.Path = (*prefix, *item["loc"])
+        unknown = item["type"] == "extra_forbidden"
+        position = document.key_position(loc) if unknown else document.position(loc)
+        problems.append(
+            Problem(file, position.line, position.column, dotted(loc), _pydantic_message(item))
+        )
+    return problems
+
+
+def dotted(path: Sequence[Any]) -> str:
+    """A document path as authors write it: ``rules[2].when``."""
     out = ""
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
 
-def _pydantic_message(error: Any) -> str:
+class _FileChecker:
+    """Checks one policy file, adding its problems to a shared list."""
+
+    def __init__(
+        self,
+        file: str,
+        evaluator: Evaluator,
+        capabilities: Sequence[InputSchema],
+        problems: list[Problem],
+    ) -> None:
+        self.file = file
+        self.evaluator = evaluator
+        self.capabilities = capabilities
+        self.problems = problems
+        self.ids: list[tuple[str, str, str, yamlpos.Position]] = []
+        """(rule id, file, path, position) of every rule that parsed."""
+        self.document = yamlpos.Document(data=None)
+
+    def problem(self, path: yamlpos.Path, message: str, at: yamlpos.Position | None = None) -> None:
+        position = at or self.document.position(path)
+        self.problems.append(
+            Problem(self.file, position.line, position.column, dotted(path), message)
+        )
+
+    def check(self, raw: bytes) -> list[CompiledRule]:
+        try:
+            self.document = yamlpos.load(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            self.problem((), f"not UTF-8 text: {exc.reason}", yamlpos.Position(1, 1))
+            return []
+        except yamlpos.YAMLSyntaxError as exc:
+            self.problem((), str(exc), exc.position)
+            return []
+        for path, position in self.document.duplicates:
+            self.problem(path, "duplicate key", position)
+        data = self.document.data if self.document.data is not None else {}
+        try:
+            parsed = PolicyFile.model_validate(data)
+        except ValidationError as exc:
+            self.problems.extend(validation_problems(self.file, self.document, exc))
+            self._check_what_parsed(data, exc)
+            return []
+        compiled = []
+        for index, rule in enumerate(parsed.rules):
+            rule_compiled = self._rule(index, rule)
+            if rule_compiled is not None:
+                compiled.append(rule_compiled)
+        return compiled
+
+    def _check_what_parsed(self, data: Any, error: ValidationError) -> None:
+        """Keep checking the rules of a file whose structure is broken elsewhere,
+        so that one mistake does not hide the others."""
+        raw_rules = data.get("rules") if isinstance(data, Mapping) else None
+        if not isinstance(raw_rules, list):
+            return
+        broken = {e["loc"][1] for e in error.errors() if e["loc"][:1] == ("rules",)}
+        for index, raw in enumerate(raw_rules):
+            if index not in broken:
+                self._rule(index, Rule.model_validate(raw))
+            elif isinstance(raw, Mapping):
+                hide = raw.get("effect") == "hide"
+                for key in EXPRESSION_KEYS:
+                    text = raw.get(key)
+                    if isinstance(text, str):
+                        allowed = _allowed(key, hide)
+                        self._expression(("rules", index, key), text, allowed, ())
+
+    def _rule(self, index: int, rule: Rule) -> CompiledRule | None:
+        base: yamlpos.Path = ("rules", index)
+        before = len(self.problems)
+        id_path: yamlpos.Path = (*base, "id")
+        self.ids.append((rule.id, self.file, dotted(id_path), self.document.position(id_path)))
+        schemas = [
+            s
+            for s in self.capabilities
+            if any(matches(s.capability_id, g) for g in rule.capabilities)
+        ]
+        hide = rule.effect == "hide"
+        when = self._expression((*base, "when"), rule.when, _allowed("when", hide), schemas)
+        message_expr = None
+        if rule.message_expr is not None:
+            message_expr = self._expression(
+                (*base, "message_expr"), rule.message_expr, variables.WHEN, schemas
+            )
+        approvers = None
+        if rule.effect == "require_approval":
+            approvers = self._expression(
+                (*base, "approvers"), rule.approvers or "true", variables.APPROVERS, schemas
+            )
+        else:
+            for key in ("approvers", "ttl"):
+                if getattr(rule, key) is not None:
+                    self.problem(
+                        (*base, key),
+                        f"'{key}' applies only to require_approval rules",
+                        self.document.key_position((*base, key)),
+                    )
+        if when is None or len(self.problems) > before:
+            return None
+        return CompiledRule(
+            rule=rule,
+            file=self.file,
+            line=self.document.position(base).line,
+            when=when,
+            message_expr=message_expr,
+            approvers=approvers,
+            ttl_seconds=parse_duration(rule.ttl) if rule.ttl else None,
+        )
+
+    def _expression(
+        self,
+        path: yamlpos.Path,
+        text: str,
+        allowed: frozenset[str],
+        schemas: Sequence[InputSchema],
+    ) -> Program | None:
+        if len(text) > MAX_EXPRESSION_CHARS:
+            self.problem(
+                path,
+                f"expression exceeds the cost limit ({len(text)} characters; "
+                f"limit {MAX_EXPRESSION_CHARS})",
+            )
+            return None
+        try:
+            program = self.evaluator.compile(text)
+        except CompileError as exc:
+            self.problem(path, str(exc), self.document.position_in(path, exc.line, exc.column))
+            return None
+        reported: set[str] = set()
+        for ref in program.references:
+            at = self.document.position_in(path, ref.line, ref.column)
+            name = ref.variable
+            if name not in allowed and name not in variables.CEL_TYPE_NAMES:
+                if name not in reported:
+                    reported.add(name)
+                    if name == "input" and allowed == variables.HIDE:
+                        self.problem(path, _HIDE_READS_INPUT, at)
+                    else:
+                        available = ", ".join(sorted(allowed))
+                        self.problem(
+                            path, f"unknown variable {name!r} (available: {available})", at
+                        )
+            elif name in variables.FIELDS and ref.path:
+                fields = variables.FIELDS[name]
+                if ref.path[0] not in fields:
+                    self.problem(
+                        path,
+                        f"{name}.{ref.path[0]}: {name} has no field {ref.path[0]!r} "
+                        f"(fields: {', '.join(fields)})",
+                        at,
+                    )
+            elif name == "input" and ref.path and schemas:
+                missing = missing_field(schemas, ref.path)
+                if missing is not None:
+                    self.problem(path, missing, at)
+        self._cost(path, program)
+        return program
+
+    def _cost(self, path: yamlpos.Path, program: Program) -> None:
+        over = []
+        if program.size > MAX_EXPRESSION_NODES:
+            over.append(f"{program.size} syntax nodes (limit {MAX_EXPRESSION_NODES})")
+        if program.depth > MAX_EXPRESSION_DEPTH:
+            over.append(f"nesting depth {program.depth} (limit {MAX_EXPRESSION_DEPTH})")
+        if program.comprehension_depth > MAX_COMPREHENSION_NESTING:
+            over.append(
+                f"comprehensions nested {program.comprehension_depth} deep "
+                f"(limit {MAX_COMPREHENSION_NESTING})"
+            )
+        if over:
+            self.problem(path, f"expression exceeds the cost limit: {'; '.join(over)}")
+
+
+def _allowed(key: str, hide: bool) -> frozenset[str]:
+    if key == "approvers":
+        return variables.APPROVERS
+    return variables.HIDE if hide and key == "when" else variables.WHEN
+
+
+def _pydantic_message(error: Mapping[str, Any]) -> str:
     kind = error["type"]
+    message = str(error["msg"])
     if kind == "extra_forbidden":
         return "unknown key"
     if kind == "missing":
         return "missing required key"
     if kind == "literal_error":
-        return str(error["msg"]).replace("Input should be", "must be")
-    return str(error["msg"])
+        return message.replace("Input should be", "must be")
+    if kind == "value_error":
+        return message.removeprefix("Value error, ")
+    if kind in ("model_type", "dict_type"):
+        return "must be a mapping"
+    if kind == "list_type":
+        return "must be a list"
+    if kind == "string_type":
+        return "must be a string"
+    return message.replace("Input should", "should").replace("List should", "should")

@@ -1,15 +1,19 @@
 """The policy file format (SPEC §6), as pydantic models.
 
 These models are the single definition of the format: the loader validates
-against them and the JSON Schema editors use is generated from them.
+against them and the JSON Schema editors use is generated from them
+(``warden policy schema``).
 """
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from warden_server.policy.globs import can_match_an_id
 
 Effect = Literal["allow", "deny", "require_approval", "hide"]
 EFFECT_PRECEDENCE: tuple[Effect, ...] = ("hide", "deny", "require_approval", "allow")
@@ -17,7 +21,10 @@ EFFECT_PRECEDENCE: tuple[Effect, ...] = ("hide", "deny", "require_approval", "al
 
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+RULE_ID = r"^[a-z0-9][a-z0-9_.-]*$"
 GLOB = r"^[a-z0-9_*?]+(\.[a-z0-9_*?]+)*$"
+EXPRESSION_KEYS = ("when", "message_expr", "approvers")
+"""The rule keys whose values are CEL expressions."""
 
 
 def parse_duration(text: str) -> int:
@@ -28,18 +35,55 @@ def parse_duration(text: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
-class Rule(BaseModel):
+def parse_timestamp(text: str) -> datetime:
+    """An RFC 3339 timestamp; one without an offset is taken as UTC."""
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not an RFC 3339 timestamp like 2026-01-02T15:04:05Z"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _glob_can_match(glob: str) -> str:
+    if not can_match_an_id(glob):
+        raise ValueError(
+            f"glob {glob!r} matches no valid capability id "
+            "(ids are lowercase namespace.name, e.g. orders.refund)"
+        )
+    return glob
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class Rule(_Strict):
     """One rule: for the capabilities its globs match, when ``when`` holds, ``effect``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"not": {"properties": {"effect": {"const": "require_approval"}}}},
+            "then": {"not": {"anyOf": [{"required": ["approvers"]}, {"required": ["ttl"]}]}},
+        }
+    )
 
-    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=128)]
+    id: Annotated[str, Field(max_length=128, json_schema_extra={"pattern": RULE_ID})]
     """Unique across the policy set; decisions and audit records name it."""
-    capabilities: Annotated[list[Annotated[str, Field(pattern=GLOB)]], Field(min_length=1)]
+    capabilities: Annotated[
+        list[
+            Annotated[
+                str, AfterValidator(_glob_can_match), Field(json_schema_extra={"pattern": GLOB})
+            ]
+        ],
+        Field(min_length=1),
+    ]
     """Glob patterns over capability ids, e.g. ``orders.*``."""
     effect: Effect
     """allow, deny, require_approval or hide."""
-    when: str = "true"
+    # A bare `when: true` is YAML's boolean; the model reads it as the CEL literal.
+    when: Annotated[str, Field(json_schema_extra={"type": ["string", "boolean"]})] = "true"
     """A CEL condition over actor, capability, input, context and now."""
     message: str | None = None
     """The public message, written as an instruction to the model."""
@@ -54,6 +98,22 @@ class Rule(BaseModel):
     description: str | None = None
     """For people reading the policy; never shown to models."""
 
+    @field_validator("id")
+    @classmethod
+    def _id_shape(cls, value: str) -> str:
+        if not re.match(RULE_ID, value):
+            raise ValueError(
+                "a rule id is lowercase letters, digits, '.', '_' and '-', "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("when", "message_expr", "approvers", mode="before")
+    @classmethod
+    def _yaml_booleans_are_expressions(cls, value: Any) -> Any:
+        # `when: true` is a YAML boolean, but the author meant the CEL literal.
+        return str(value).lower() if isinstance(value, bool) else value
+
     @field_validator("ttl")
     @classmethod
     def _ttl_is_duration(cls, value: str | None) -> str | None:
@@ -62,16 +122,15 @@ class Rule(BaseModel):
         return value
 
 
-class PolicyFile(BaseModel):
+class PolicyFile(_Strict):
     """A policy file: a list of rules."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     rules: list[Rule] = []
+    """The rules of this file; ids are unique across every file of the folder."""
 
 
-class TestActor(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TestActor(_Strict):
+    """The actor a test case decides for (the ``actor`` variable)."""
 
     id: str = "test-actor"
     roles: list[str] = []
@@ -79,8 +138,8 @@ class TestActor(BaseModel):
     attrs: dict[str, Any] = {}
 
 
-class TestCapability(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TestCapability(_Strict):
+    """The capability a test case calls (the ``capability`` variable)."""
 
     id: str
     version: str = "1"
@@ -89,33 +148,60 @@ class TestCapability(BaseModel):
     tags: list[str] = []
 
 
-class Expectation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+Outcome = Literal["allow", "deny", "require_approval", "hide", "error"]
 
-    effect: Literal["allow", "deny", "require_approval", "hide", "error"]
+
+class Expectation(_Strict):
+    """What a test case expects of the decision."""
+
+    effect: Outcome
     """The decision; ``error`` means a policy failed (POLICY_FAILED)."""
     rule: str | None = None
     """The deciding rule's id."""
     message: str | None = None
     """The public message."""
+    would_have: Outcome | None = None
+    """The decision had the audit-mode rules been enforced."""
 
 
-class PolicyTest(BaseModel):
+class PolicyTest(_Strict):
     """One policy test case (SPEC §6)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     name: str
+    """Shown on the pass/fail line and matched by ``--run``."""
     capability: str | TestCapability
+    """A capability id, or the capability's fields."""
     actor: TestActor = TestActor()
     input: dict[str, Any] = {}
+    """The validated input (``input``)."""
     context: dict[str, Any] = {}
+    """Caller-supplied attributes (``context``); ``surface`` defaults to direct."""
     now: str | None = None
     """An RFC 3339 timestamp; the test run's start when absent."""
     expect: Expectation
 
+    @field_validator("now", mode="before")
+    @classmethod
+    def _now_is_timestamp(cls, value: Any) -> Any:
+        if isinstance(value, datetime):  # YAML reads an unquoted timestamp itself
+            value = value.isoformat()
+        if isinstance(value, str):
+            parse_timestamp(value)
+        return value
 
-class PolicyTestFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+
+class PolicyTestFile(_Strict):
+    """A policy test file (``policies/tests/*.yaml``)."""
 
     tests: list[PolicyTest]
+
+
+def json_schema(*, tests: bool = False) -> dict[str, Any]:
+    """The JSON Schema of policy files (or policy test files), for editors."""
+    model = PolicyTestFile if tests else PolicyFile
+    what = "policy test file" if tests else "policy file"
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **model.model_json_schema(),
+        "title": f"Warden {what}",
+    }

@@ -1,4 +1,9 @@
-"""The policy test runner: the SPEC §6 test files, with rule coverage."""
+"""The policy test runner: the SPEC §6 test files, with rule coverage.
+
+A rule counts as exercised when at least one test case makes it match (or
+makes it fail, which a case can expect as ``error``), whether it is enforced
+or in audit mode.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +16,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from warden_server.policy import yamlpos
-from warden_server.policy.engine import Decision, PolicySet
-from warden_server.policy.loader import POLICY_SUFFIXES, Problem
-from warden_server.policy.model import PolicyTest, PolicyTestFile, TestCapability
+from warden_server.policy.engine import Decision, PolicySet, would_have
+from warden_server.policy.loader import POLICY_SUFFIXES, Problem, dotted, validation_problems
+from warden_server.policy.model import (
+    PolicyTest,
+    PolicyTestFile,
+    TestCapability,
+    parse_timestamp,
+)
+from warden_server.policy.variables import decision_variables
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,91 +62,167 @@ class TestReport:
 
     @property
     def coverage(self) -> float:
+        """The share of rules some case made match or fail (1.0 without rules)."""
         return 1.0 if not self.rules else len(set(self.rules) & self.exercised) / len(self.rules)
 
     @property
     def ok(self) -> bool:
         return not self.failed and not self.problems and bool(self.cases)
 
+    def summary_json(self) -> dict[str, Any]:
+        return {
+            "passed": len(self.cases) - len(self.failed),
+            "failed": len(self.failed),
+            "rules": len(self.rules),
+            "exercised": len(set(self.rules) & self.exercised),
+            "coverage": round(self.coverage * 100, 2),
+            "unexercised": self.unexercised,
+            "problems": [p.to_json() for p in sorted(self.problems)],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedCase:
+    file: str
+    path: yamlpos.Path
+    """Where the case stands in its file, e.g. ("tests", 3)."""
+    position: yamlpos.Position
+    case: PolicyTest
+
 
 def test_files(directory: Path) -> list[Path]:
+    """The test files of a policy folder: ``DIR/tests/*.yaml``."""
     folder = directory / "tests"
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.suffix in POLICY_SUFFIXES and p.is_file())
 
 
+def load_test_cases(
+    directory: str | Path, policies: PolicySet | None = None
+) -> tuple[list[LoadedCase], list[Problem]]:
+    """Every test case under ``directory/tests``, and every problem with them.
+
+    With ``policies``, a case that expects a rule the set does not have is a problem.
+    """
+    cases: list[LoadedCase] = []
+    problems: list[Problem] = []
+    rule_ids = {r.id for r in policies.rules} if policies is not None else None
+    for path in test_files(Path(directory)):
+        name = str(path)
+        try:
+            document = yamlpos.load(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, yamlpos.YAMLSyntaxError) as exc:
+            at = getattr(exc, "position", yamlpos.Position(1, 1))
+            problems.append(Problem(name, at.line, at.column, "", str(exc)))
+            continue
+        for where, case in _valid_cases(name, document, problems):
+            rule = case.expect.rule
+            if rule_ids is not None and rule is not None and rule not in rule_ids:
+                at = document.position((*where, "expect", "rule"))
+                problems.append(
+                    Problem(
+                        name,
+                        at.line,
+                        at.column,
+                        dotted((*where, "expect", "rule")),
+                        f"no rule has the id {rule!r}",
+                    )
+                )
+            cases.append(LoadedCase(name, where, document.position(where), case))
+    return cases, problems
+
+
+def _valid_cases(
+    file: str, document: yamlpos.Document, problems: list[Problem]
+) -> list[tuple[yamlpos.Path, PolicyTest]]:
+    """The cases that validate, each with its place; problems for the others."""
+    data = document.data if document.data is not None else {}
+    try:
+        parsed = PolicyTestFile.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(validation_problems(file, document, exc))
+        raw_cases = data.get("tests") if isinstance(data, dict) else None
+        if not isinstance(raw_cases, list):
+            return []
+        broken = {e["loc"][1] for e in exc.errors() if e["loc"][:1] == ("tests",)}
+        return [
+            (("tests", i), PolicyTest.model_validate(raw))
+            for i, raw in enumerate(raw_cases)
+            if i not in broken
+        ]
+    return [(("tests", i), case) for i, case in enumerate(parsed.tests)]
+
+
 def run_policy_tests(
-    policies: PolicySet, directory: str | Path, *, pattern: str | None = None
+    policies: PolicySet,
+    directory: str | Path,
+    *,
+    pattern: re.Pattern[str] | None = None,
+    now: datetime | None = None,
 ) -> TestReport:
-    """Run every test case under ``directory/tests`` against ``policies``."""
-    directory = Path(directory)
-    selector = re.compile(pattern) if pattern else None
-    report = TestReport(rules=[r.id for r in policies.rules])
-    for path in test_files(directory):
-        for case in _load_cases(path, report.problems):
-            if selector and not selector.search(case.name):
-                continue
-            report.cases.append(_run_case(policies, str(path), case, report.exercised))
+    """Run every test case under ``directory/tests`` against ``policies``.
+
+    Args:
+        policies: The compiled set.
+        directory: The policy folder; its ``tests/`` holds the cases.
+        pattern: Run only the cases whose name it matches (``re.search``).
+        now: ``now`` for cases that give none (default: the run's start).
+    """
+    started = now or datetime.now(UTC)
+    loaded, problems = load_test_cases(directory, policies)
+    report = TestReport(problems=problems, rules=[r.id for r in policies.rules])
+    for item in loaded:
+        if pattern and not pattern.search(item.case.name):
+            continue
+        report.cases.append(_run_case(policies, item, started, report.exercised))
     return report
 
 
-def _load_cases(path: Path, problems: list[Problem]) -> list[PolicyTest]:
-    try:
-        document = yamlpos.load(path.read_text(encoding="utf-8"))
-    except yamlpos.YAMLSyntaxError as exc:
-        problems.append(Problem(str(path), exc.position.line, exc.position.column, "", str(exc)))
-        return []
-    try:
-        return PolicyTestFile.model_validate(document.data or {}).tests
-    except ValidationError as exc:
-        for error in exc.errors():
-            loc = tuple(error["loc"])
-            position = document.position(loc)
-            problems.append(
-                Problem(
-                    str(path),
-                    position.line,
-                    position.column,
-                    ".".join(str(p) for p in loc),
-                    str(error["msg"]),
-                )
-            )
-        return []
-
-
-def evaluate_case(policies: PolicySet, case: PolicyTest) -> tuple[Decision, Decision | None]:
+def evaluate_case(
+    policies: PolicySet, case: PolicyTest, now: datetime
+) -> tuple[Decision, Decision | None]:
     """The visibility decision and, unless hidden, the policy decision."""
     capability = (
         case.capability
         if isinstance(case.capability, TestCapability)
         else TestCapability(id=case.capability)
     )
-    now = datetime.fromisoformat(case.now.replace("Z", "+00:00")) if case.now else datetime.now(UTC)
-    variables: dict[str, Any] = {
-        "actor": case.actor.model_dump(),
-        "capability": capability.model_dump(),
-        "context": {"surface": "direct", **case.context},
-        "now": now,
-    }
-    hidden = policies.visibility(capability.id, policies.activation(variables))
+    context = dict(case.context)
+    surface = str(context.pop("surface", "direct"))
+    activation = policies.activation(
+        decision_variables(
+            actor=case.actor.model_dump(),
+            capability=capability.model_dump(),
+            context=context,
+            surface=surface,
+            now=parse_timestamp(case.now) if case.now else now,
+        )
+    )
+    hidden = policies.visibility(capability.id, activation)
     if hidden.effect == "hide":
         return hidden, None
-    variables["input"] = case.input
-    return hidden, policies.decide(capability.id, policies.activation(variables))
+    with_input = policies.activation({"input": case.input}, activation)
+    return hidden, policies.decide(capability.id, with_input)
 
 
-def _run_case(policies: PolicySet, file: str, case: PolicyTest, exercised: set[str]) -> CaseResult:
-    hidden, decision = evaluate_case(policies, case)
+def _run_case(
+    policies: PolicySet, item: LoadedCase, now: datetime, exercised: set[str]
+) -> CaseResult:
+    hidden, decision = evaluate_case(policies, item.case, now)
     final = decision or hidden
     for d in (hidden, decision):
         if d is not None:
-            exercised.update(r.rule_id for r in d.results if r.matched)
+            exercised.update(r.rule_id for r in d.results if r.matched or r.error)
     actual: dict[str, Any] = {
         "effect": final.effect,
         "rule": final.rule_id,
         "message": final.message,
+        "would_have": (would_have(hidden, decision) or final).effect,
     }
-    expected = case.expect.model_dump(exclude_none=True)
+    expected = item.case.expect.model_dump(exclude_none=True)
     passed = all(actual.get(key) == value for key, value in expected.items())
-    return CaseResult(file=file, name=case.name, passed=passed, expected=expected, actual=actual)
+    where = f"{item.file}:{item.position.line}"
+    return CaseResult(
+        file=where, name=item.case.name, passed=passed, expected=expected, actual=actual
+    )

@@ -17,20 +17,51 @@ class Position:
     column: int
 
 
+@dataclass(frozen=True, slots=True)
+class Scalar:
+    """Where a scalar's text stands, to map a position inside it to the file."""
+
+    style: str | None
+    """None (plain), ``'``, ``"``, ``|`` or ``>``."""
+    start: Position
+    end_line: int
+    content_indent: int
+    """For block scalars: the column (1-based) where their lines start."""
+
+
 @dataclass(slots=True)
 class Document:
     """A parsed YAML document: the data and where each part of it stands."""
 
     data: Any
     positions: dict[Path, Position] = field(default_factory=dict)
-    styles: dict[Path, str | None] = field(default_factory=dict)
+    keys: dict[Path, Position] = field(default_factory=dict)
+    scalars: dict[Path, Scalar] = field(default_factory=dict)
     duplicates: list[tuple[Path, Position]] = field(default_factory=list)
 
     def position(self, path: Path) -> Position:
-        """The position of ``path``, or of its nearest ancestor that exists."""
+        """The position of ``path``'s value, or of its nearest ancestor that exists."""
         while path not in self.positions and path:
             path = path[:-1]
         return self.positions.get(path, Position(1, 1))
+
+    def key_position(self, path: Path) -> Position:
+        """The position of the key that names ``path`` (its value's when unknown)."""
+        return self.keys.get(path) or self.position(path)
+
+    def position_in(self, path: Path, line: int, column: int) -> Position:
+        """The file position of (``line``, ``column``), 1-based, inside the
+        scalar at ``path`` — exact for one-line scalars and literal blocks,
+        the scalar's start where folding makes it ambiguous."""
+        scalar = self.scalars.get(path)
+        if scalar is None:
+            return self.position(path)
+        if scalar.style == "|":
+            return Position(scalar.start.line + line, scalar.content_indent + column - 1)
+        if scalar.style != ">" and line == 1 and scalar.end_line == scalar.start.line:
+            quote = 1 if scalar.style in ("'", '"') else 0
+            return Position(scalar.start.line, scalar.start.column + quote + column - 1)
+        return scalar.start
 
 
 class YAMLSyntaxError(Exception):
@@ -53,30 +84,51 @@ def load(text: str) -> Document:
         raise YAMLSyntaxError(
             f"YAML syntax error: {exc.problem or exc.context}", position
         ) from None
+    except yaml.YAMLError as exc:
+        raise YAMLSyntaxError(f"YAML syntax error: {exc}", Position(1, 1)) from None
     document = Document(data=None)
     if node is not None:
-        document.data = _convert(node, (), document)
+        document.data = _convert(node, (), document, text.splitlines())
     return document
 
 
-def _convert(node: yaml.Node, path: Path, document: Document) -> Any:
-    document.positions[path] = Position(node.start_mark.line + 1, node.start_mark.column + 1)
+def _position(mark: Any) -> Position:
+    return Position(mark.line + 1, mark.column + 1)
+
+
+def _convert(node: yaml.Node, path: Path, document: Document, lines: list[str]) -> Any:
+    document.positions[path] = _position(node.start_mark)
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             key = _scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else "<complex key>"
             child: Path = (*path, key)
             if key in result:
-                document.duplicates.append(
-                    (child, Position(key_node.start_mark.line + 1, key_node.start_mark.column + 1))
-                )
-            result[key] = _convert(value_node, child, document)
+                document.duplicates.append((child, _position(key_node.start_mark)))
+            else:
+                document.keys[child] = _position(key_node.start_mark)
+            result[key] = _convert(value_node, child, document, lines)
         return result
     if isinstance(node, yaml.SequenceNode):
-        return [_convert(item, (*path, i), document) for i, item in enumerate(node.value)]
+        return [_convert(item, (*path, i), document, lines) for i, item in enumerate(node.value)]
     assert isinstance(node, yaml.ScalarNode)
-    document.styles[path] = node.style
+    document.scalars[path] = Scalar(
+        style=node.style,
+        start=_position(node.start_mark),
+        end_line=node.end_mark.line + 1,
+        content_indent=_block_indent(lines, node.start_mark.line + 1)
+        if node.style in ("|", ">")
+        else 0,
+    )
     return _scalar(node)
+
+
+def _block_indent(lines: list[str], first: int) -> int:
+    """The column where a block scalar's content starts (its first non-blank line)."""
+    for line in lines[first:]:
+        if line.strip():
+            return len(line) - len(line.lstrip(" ")) + 1
+    return 1
 
 
 def _scalar(node: yaml.ScalarNode) -> Any:

@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
-import json
 import uuid
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from warden.shared.canonical import compact_json
-from warden.v1 import audit_pb2, errors_pb2, governor_pb2, registry_pb2
+from warden.shared.canonical import canonical_json, compact_json, strict_loads
+from warden.v1 import (
+    approvals_pb2,
+    audit_pb2,
+    errors_pb2,
+    governor_pb2,
+    policy_pb2,
+    registry_pb2,
+)
+from warden_server.approvals.deciding import ApprovalView
 from warden_server.audit.chain import VerifyResult
 from warden_server.audit.events import COLUMNS
 from warden_server.audit.reader import AuditFilter, Page, Stats, StatsRow
 from warden_server.auth.actors import Actor
 from warden_server.errors import InvalidRequest
 from warden_server.pipeline.failure import Failure
+from warden_server.plane import PolicyStatus
+from warden_server.policy.loader import Problem
 from warden_server.registry import (
     SURFACES,
     Capability,
@@ -31,6 +41,22 @@ SIDE_EFFECTS = {
     registry_pb2.SIDE_EFFECT_IDEMPOTENT: "idempotent",
 }
 SIDE_EFFECT_NUMBERS = {name: number for number, name in SIDE_EFFECTS.items()}
+APPROVAL_STATES = {
+    approvals_pb2.APPROVAL_STATE_PENDING: "pending",
+    approvals_pb2.APPROVAL_STATE_APPROVED: "approved",
+    approvals_pb2.APPROVAL_STATE_DENIED: "denied",
+    approvals_pb2.APPROVAL_STATE_EXPIRED: "expired",
+    approvals_pb2.APPROVAL_STATE_CONSUMED: "consumed",
+}
+APPROVAL_STATE_NUMBERS = {name: number for number, name in APPROVAL_STATES.items()}
+APPROVAL_EVENT_TYPES = {
+    "requested": approvals_pb2.APPROVAL_EVENT_TYPE_REQUESTED,
+    "approved": approvals_pb2.APPROVAL_EVENT_TYPE_APPROVED,
+    "denied": approvals_pb2.APPROVAL_EVENT_TYPE_DENIED,
+    "expired": approvals_pb2.APPROVAL_EVENT_TYPE_EXPIRED,
+    "consumed": approvals_pb2.APPROVAL_EVENT_TYPE_CONSUMED,
+    "pending": approvals_pb2.APPROVAL_EVENT_TYPE_PENDING,
+}
 OUTCOME_STATUSES = {
     governor_pb2.OUTCOME_STATUS_SUCCEEDED: "succeeded",
     governor_pb2.OUTCOME_STATUS_FAILED: "failed",
@@ -120,8 +146,9 @@ def context_of(text: str, field: str = "context_json") -> dict[str, Any]:
     if not text:
         return {}
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = strict_loads(text)
+        canonical_json(value)
+    except ValueError as exc:
         raise InvalidRequest(f"{field} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidRequest(f"{field} must be a JSON object")
@@ -140,6 +167,82 @@ def details_of(text: str) -> dict[str, Any] | None:
         return None
     value = context_of(text, "failure.details_json")
     return value
+
+
+def approval_states_of(values: Iterable[approvals_pb2.ApprovalState.ValueType]) -> list[str]:
+    states = []
+    for value in values:
+        state = APPROVAL_STATES.get(value)
+        if state is None:
+            raise InvalidRequest(f"unknown approval state {value}")
+        states.append(state)
+    return states
+
+
+def approval_to_proto(view: ApprovalView) -> approvals_pb2.Approval:
+    a = view.approval
+    message = approvals_pb2.Approval(
+        id=a.approval_id,
+        capability_id=a.capability_id,
+        capability_version=a.capability_version,
+        service=a.service,
+        requester_id=a.requester_id,
+        tenant=a.tenant,
+        input_digest=a.input_digest,
+        input_json=a.input,
+        rule_id=a.rule_id,
+        message=a.message,
+        state=APPROVAL_STATE_NUMBERS[a.state],
+        created_at=timestamp(datetime.fromisoformat(a.created_at)),
+        expires_at=timestamp(datetime.fromisoformat(a.expires_at)),
+        decided_by=a.decided_by or "",
+        reason=a.reason or "",
+        invocation_id=a.invocation_id or "",
+        policy_revision=a.policy_revision or "",
+        may_decide=view.may_decide,
+    )
+    if a.decided_at:
+        message.decided_at.CopyFrom(timestamp(datetime.fromisoformat(a.decided_at)))
+    return message
+
+
+def approval_event_to_proto(kind: str, view: ApprovalView) -> approvals_pb2.ApprovalEvent:
+    return approvals_pb2.ApprovalEvent(
+        type=APPROVAL_EVENT_TYPES[kind], approval=approval_to_proto(view)
+    )
+
+
+def policy_status_to_proto(
+    status: PolicyStatus, directory: str, watching: bool
+) -> policy_pb2.PolicyStatus:
+    current = status.current
+    message = policy_pb2.PolicyStatus(
+        current=policy_pb2.PolicyRevision(
+            revision=current.revision, files=list(current.files), at=timestamp(status.loaded_at)
+        ),
+        rules=len(current.rules),
+        directory=directory,
+        watching=watching,
+    )
+    rejected = status.rejected
+    if rejected is not None:
+        message.rejected.CopyFrom(
+            policy_pb2.PolicyRevision(
+                revision=rejected.revision, files=list(rejected.files), at=timestamp(rejected.at)
+            )
+        )
+        message.problems.extend(problem_to_proto(p) for p in rejected.problems)
+    return message
+
+
+def problem_to_proto(problem: Problem) -> policy_pb2.PolicyProblem:
+    return policy_pb2.PolicyProblem(
+        file=problem.file,
+        line=problem.line,
+        column=problem.column,
+        path=problem.path,
+        message=problem.message,
+    )
 
 
 # -- the audit API (both sides: the servicer and the CLI's remote client) -------

@@ -35,7 +35,7 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
             service = calling_service(plane, context)
             service_name = service.name
             decoded = _decode_begin(request, service)
-            if plane.store.get_invocation(decoded.invocation_id) is not None:
+            if plane.store.invocation_decided(decoded.invocation_id):
                 raise InvalidRequest(f"invocation_id {decoded.invocation_id} was already used")
         except (ServiceAuthenticationError, InvalidRequest) as exc:
             reject(
@@ -47,7 +47,21 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
                 surface=request.surface[:32],
             )
             raise
-        return _encode_begin(begin(plane, decoded))
+        try:
+            result = begin(plane, decoded)
+        except Exception as exc:
+            # Whatever broke, the attempt is on the record (SI-3) before the caller
+            # hears a generic INTERNAL status.
+            reject(
+                plane,
+                reason=f"internal-error: {type(exc).__name__}",
+                invocation_id=decoded.invocation_id,
+                capability_id=decoded.capability_id,
+                service=service_name,
+                surface=decoded.surface,
+            )
+            raise
+        return _encode_begin(result)
 
     @rpc
     def Complete(

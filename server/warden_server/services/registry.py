@@ -6,7 +6,7 @@ import grpc
 
 from warden.v1 import registry_pb2, registry_pb2_grpc
 from warden_server import discovery
-from warden_server.errors import NotFound
+from warden_server.errors import InvalidRequest, NotFound
 from warden_server.plane import Plane
 from warden_server.services import convert
 from warden_server.services.governor import calling_service
@@ -32,14 +32,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
     def ListCapabilities(
         self, request: registry_pb2.ListCapabilitiesRequest, context: grpc.ServicerContext
     ) -> registry_pb2.ListCapabilitiesResponse:
-        calling_service(self._plane, context)
-        actor = self._plane.actors.verify(request.actor_token)
-        found = discovery.list_visible(
-            self._plane,
-            actor,
-            convert.surface_of(request.surface),
-            convert.context_of(request.context_json),
-        )
+        viewer = self._viewer(context, request.actor_token, request.surface, request.context_json)
+        found = discovery.list_visible(self._plane, viewer)
         return registry_pb2.ListCapabilitiesResponse(
             capabilities=[convert.capability_to_proto(c) for c in found]
         )
@@ -48,16 +42,21 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
     def GetCapability(
         self, request: registry_pb2.GetCapabilityRequest, context: grpc.ServicerContext
     ) -> registry_pb2.GetCapabilityResponse:
-        calling_service(self._plane, context)
-        actor = self._plane.actors.verify(request.actor_token)
-        found = discovery.get_visible(
-            self._plane,
-            request.id,
-            request.version,
-            actor,
-            convert.surface_of(request.surface),
-            convert.context_of(request.context_json),
-        )
+        if not request.id:
+            raise InvalidRequest("id is required")
+        viewer = self._viewer(context, request.actor_token, request.surface, request.context_json)
+        found = discovery.get_visible(self._plane, viewer, request.id, request.version)
         if found is None:
             raise NotFound("Capability not found.")
         return registry_pb2.GetCapabilityResponse(capability=convert.capability_to_proto(found))
+
+    def _viewer(
+        self, context: grpc.ServicerContext, actor_token: str, surface: str, context_json: str
+    ) -> discovery.Viewer:
+        service = calling_service(self._plane, context)
+        return discovery.Viewer(
+            service=service,
+            actor=self._plane.actors.verify(actor_token),
+            surface=convert.surface_of(surface),
+            context=convert.context_of(context_json),
+        )

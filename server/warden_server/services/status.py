@@ -17,6 +17,7 @@ from warden_server.errors import (
     NotFound,
     PermissionDenied,
     RequestError,
+    ResourceExhausted,
     Unauthenticated,
 )
 from warden_server.store import StoreError
@@ -32,6 +33,7 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     NotFound: grpc.StatusCode.NOT_FOUND,
     Conflict: grpc.StatusCode.ALREADY_EXISTS,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -52,31 +54,34 @@ def rpc(method: Callable[..., R]) -> Callable[..., R]:
         try:
             return method(self, request, context)
         except Exception as exc:
-            _abort_for(context, method.__name__, exc)
+            _abort_for(context, exc, method.__name__)
 
     return wrapper
 
 
-def rpc_stream(method: Callable[..., Iterator[R]]) -> Callable[..., Iterator[R]]:
-    """``rpc`` for server-streaming methods: what is raised while streaming maps the same way."""
+def stream_rpc(
+    method: Callable[..., Iterator[R]],
+) -> Callable[..., Iterator[R]]:
+    """``rpc`` for a server-streaming method: what it raises while streaming is
+    mapped the same way."""
 
     @functools.wraps(method)
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[R]:
         try:
             yield from method(self, request, context)
         except Exception as exc:
-            _abort_for(context, method.__name__, exc)
+            _abort_for(context, exc, method.__name__)
 
     return wrapper
 
 
-def _abort_for(context: grpc.ServicerContext, method: str, exc: Exception) -> NoReturn:
+def _abort_for(context: grpc.ServicerContext, exc: Exception, method: str) -> NoReturn:
     if isinstance(exc, RequestError | ServiceAuthenticationError | AuthenticationError):
         abort(context, status_of(exc), str(exc))
     if isinstance(exc, StoreError):
         log.error("store unavailable in %s: %s", method, exc)
         abort(context, grpc.StatusCode.UNAVAILABLE, "the governance store is unavailable")
-    log.error("unexpected error in %s", method, exc_info=exc)
+    log.exception("unexpected error in %s", method)
     abort(context, grpc.StatusCode.INTERNAL, "internal error in the governance plane")
 
 

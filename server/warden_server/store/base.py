@@ -48,7 +48,24 @@ class WriteTransaction(Protocol):
     def insert_approval(self, record: ApprovalRecord) -> None: ...
 
     def consume_approval(self, approval_id: str, consumed_at: str) -> bool:
-        """Move an approval from ``approved`` to ``consumed``; False if it was not approved."""
+        """Move an approval from ``approved`` to ``consumed``; False if it was not
+        approved or had expired by ``consumed_at``."""
+        ...
+
+    def decide_approval(
+        self, approval_id: str, state: str, decided_by: str, reason: str | None, decided_at: str
+    ) -> bool:
+        """Move an approval from ``pending`` to ``state`` (``approved`` or ``denied``);
+        False if it was not pending or had expired by ``decided_at``."""
+        ...
+
+    def expire_approval(self, approval_id: str, now: str) -> bool:
+        """Move a ``pending`` or ``approved`` approval whose time is up to ``expired``;
+        False if it was in another state or not yet due."""
+        ...
+
+    def due_approvals(self, now: str, limit: int) -> list[ApprovalRecord]:
+        """Up to ``limit`` pending or approved approvals whose time is up, oldest first."""
         ...
 
 
@@ -81,7 +98,17 @@ class Store(Protocol):
 
     def get_invocation(self, invocation_id: str) -> InvocationRecord | None: ...
 
+    def invocation_decided(self, invocation_id: str) -> bool:
+        """Whether any decision was already recorded for this invocation id."""
+        ...
+
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
+
+    def list_approvals(
+        self, tenant: str, states: Sequence[str] = (), limit: int = 100
+    ) -> list[ApprovalRecord]:
+        """A tenant's approvals, newest first; only those in ``states`` unless empty."""
+        ...
 
     def audit_rows(
         self,

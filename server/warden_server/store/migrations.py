@@ -120,6 +120,18 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
     db.table("approvals").create_index(["tenant", "state"])
 
 
+def _m002_approvals(db: sqlite_utils.Database) -> None:
+    """What deciding and expiring approvals need: the invocation and policy
+    revision that asked, the requester's claims for the approvers condition,
+    and an index for finding the approvals that are due to expire."""
+    table = db.table("approvals")
+    table.add_column("invocation_id", str)
+    table.add_column("policy_revision", str)
+    table.add_column("requester", str)
+    table.create_index(["state", "expires_at"])
+    table.create_index(["tenant", "created_at"])
+
+
 def _m004_audit(db: sqlite_utils.Database) -> None:
     """Indexes for the remaining audit filters, and retention checkpoints.
 
@@ -177,7 +189,11 @@ def _plan_for_a_large_log(db: sqlite_utils.Database) -> None:
     conn.execute("ANALYZE sqlite_schema")  # load them into this connection
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial, _m004_audit]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _m001_initial,
+    _m002_approvals,
+    _m004_audit,
+]
 
 
 def migrate(conn: sqlite3.Connection) -> int:

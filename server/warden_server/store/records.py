@@ -54,7 +54,7 @@ class ApprovalRecord:
     rule_id: str
     message: str
     approvers: str
-    """The rule's CEL condition over ``approver``."""
+    """The rule's CEL condition over ``approver``, as it read when requested."""
     state: str
     """``pending``, ``approved``, ``denied``, ``expired`` or ``consumed``."""
     created_at: str
@@ -62,3 +62,10 @@ class ApprovalRecord:
     decided_by: str | None = None
     reason: str | None = None
     decided_at: str | None = None
+    invocation_id: str | None = None
+    """The suspended invocation that asked for it."""
+    policy_revision: str | None = None
+    """The policy revision that asked for it."""
+    requester: str | None = None
+    """The requester's claims as JSON (``id``, ``roles``, ``tenant``, ``attrs``),
+    so that the approvers condition can read them when an approver decides."""

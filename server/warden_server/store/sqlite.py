@@ -13,13 +13,14 @@ plane) extends the same chain instead of forking it.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,11 +55,15 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 class _Job:
-    __slots__ = ("future", "work")
+    __slots__ = ("context", "future", "work")
 
     def __init__(self, work: Callable[[SQLiteTransaction], Any]) -> None:
         self.work = work
         self.future: Future[Any] = Future()
+        # The work runs on the writer thread but in its caller's context, so
+        # what it reads from there (the current trace, for a record it builds)
+        # is the caller's.
+        self.context = contextvars.copy_context()
 
 
 @dataclass(slots=True)
@@ -153,10 +158,36 @@ class SQLiteTransaction:
     def consume_approval(self, approval_id: str, consumed_at: str) -> bool:
         cursor = self._conn.execute(
             "UPDATE approvals SET state = 'consumed', decided_at = coalesce(decided_at, ?) "
-            "WHERE approval_id = ? AND state = 'approved'",
-            (consumed_at, approval_id),
+            "WHERE approval_id = ? AND state = 'approved' AND expires_at > ?",
+            (consumed_at, approval_id, consumed_at),
         )
         return bool(cursor.rowcount == 1)
+
+    def decide_approval(
+        self, approval_id: str, state: str, decided_by: str, reason: str | None, decided_at: str
+    ) -> bool:
+        cursor = self._conn.execute(
+            "UPDATE approvals SET state = ?, decided_by = ?, reason = ?, decided_at = ? "
+            "WHERE approval_id = ? AND state = 'pending' AND expires_at > ?",
+            (state, decided_by, reason, decided_at, approval_id, decided_at),
+        )
+        return bool(cursor.rowcount == 1)
+
+    def expire_approval(self, approval_id: str, now: str) -> bool:
+        cursor = self._conn.execute(
+            "UPDATE approvals SET state = 'expired' "
+            "WHERE approval_id = ? AND state IN ('pending', 'approved') AND expires_at <= ?",
+            (approval_id, now),
+        )
+        return bool(cursor.rowcount == 1)
+
+    def due_approvals(self, now: str, limit: int) -> list[ApprovalRecord]:
+        rows = self._conn.execute(
+            "SELECT * FROM approvals WHERE state IN ('pending', 'approved') AND expires_at <= ? "
+            "ORDER BY expires_at LIMIT ?",
+            (now, limit),
+        )
+        return [ApprovalRecord(**dict(row)) for row in rows]
 
 
 class SQLiteStore:
@@ -245,7 +276,7 @@ class SQLiteStore:
                 tx.appended = []
                 conn.execute("SAVEPOINT job")
                 try:
-                    result = job.work(tx)
+                    result = job.context.run(job.work, tx)
                 except Exception as exc:
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
@@ -331,6 +362,17 @@ class SQLiteStore:
         )
         return InvocationRecord(**dict(row)) if row else None
 
+    def invocation_decided(self, invocation_id: str) -> bool:
+        row = (
+            self._reader()
+            .execute(
+                "SELECT 1 FROM audit_events WHERE invocation_id = ? AND kind = 'decision' LIMIT 1",
+                (invocation_id,),
+            )
+            .fetchone()
+        )
+        return row is not None
+
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = (
             self._reader()
@@ -338,6 +380,18 @@ class SQLiteStore:
             .fetchone()
         )
         return ApprovalRecord(**dict(row)) if row else None
+
+    def list_approvals(
+        self, tenant: str, states: Sequence[str] = (), limit: int = 100
+    ) -> list[ApprovalRecord]:
+        sql = "SELECT * FROM approvals WHERE tenant = ?"
+        params: list[Any] = [tenant]
+        if states:
+            sql += f" AND state IN ({', '.join('?' for _ in states)})"
+            params.extend(states)
+        sql += " ORDER BY created_at DESC, approval_id LIMIT ?"
+        params.append(int(limit))
+        return [ApprovalRecord(**dict(row)) for row in self._reader().execute(sql, params)]
 
     def audit_rows(
         self,

@@ -2,8 +2,9 @@
 
 ``Telemetry`` owns a tracer provider and a metrics registry of its own (not
 the process-global ones), so several planes in one process, as in tests, keep
-their figures apart. It observes the store (commit batches, audit events), the
-policy holder (swaps) and each pipeline step (a span and a latency sample).
+their figures apart. It observes the store (commit batches and the audit
+records in them, policy loads and refusals included) and each pipeline step
+(a span and a latency sample).
 """
 
 from __future__ import annotations
@@ -102,14 +103,6 @@ class Telemetry:
                         trace_id=event.trace_id,
                     ),
                 )
-
-    def policy_swapped(self, revision: str, previous: str | None) -> None:
-        """A policy set was swapped in whole (SI-12)."""
-        self.metrics.policy_swapped(revision, previous)
-
-    def policy_reload_failed(self) -> None:
-        """A reload was refused; the last good set stays."""
-        self.metrics.policy_reloads.labels(result="failed").inc()
 
     def serve_metrics(self, listen: str) -> int:
         """Serve ``/metrics`` on ``listen`` (port 0 picks one); returns the port.

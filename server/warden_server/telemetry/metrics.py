@@ -57,7 +57,8 @@ class Metrics:
         )
         self.policy_reloads = Counter(
             "warden_policy_reloads",
-            "Policy set reloads by result (ok: swapped in; failed: the last good set stays).",
+            "Policy set loads, at start and on reload, by result (ok: swapped in; "
+            "failed: refused, the last good set stays).",
             ["result"],
             registry=r,
         )
@@ -79,8 +80,10 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self._revision: str | None = None
 
     def committed(self, transactions: int, events: Sequence[AuditEvent], seconds: float) -> None:
+        """Count a committed batch and the records in it."""
         self.commit_batch.observe(transactions)
         self.commit_seconds.observe(seconds)
         for event in events:
@@ -89,12 +92,21 @@ class Metrics:
                 counter.labels(
                     stage=event.stage or NONE, code=event.code or NONE, status=event.status
                 ).inc()
+            elif event.kind == "policy":
+                self._policy_recorded(event)
 
-    def policy_swapped(self, revision: str, previous: str | None) -> None:
+    def _policy_recorded(self, event: AuditEvent) -> None:
+        # Every load and refusal of the policy folder, at start or on reload,
+        # is recorded once before it takes effect: counting the records counts
+        # the reloads wherever they happen.
+        if event.status != "loaded" or event.policy_revision is None:  # "rejected"
+            self.policy_reloads.labels(result="failed").inc()
+            return
         self.policy_reloads.labels(result="ok").inc()
-        if previous is not None:
-            self.policy_revision.remove(previous)
-        self.policy_revision.labels(revision=revision).set(1)
+        if self._revision is not None:
+            self.policy_revision.remove(self._revision)
+        self._revision = event.policy_revision
+        self.policy_revision.labels(revision=event.policy_revision).set(1)
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format, as ``/metrics`` serves it."""

@@ -12,8 +12,10 @@ Baselines, measured in the same run:
 
 from __future__ import annotations
 
+import argparse
 import random
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from warden_server.audit import reader
-from warden_server.audit.events import COLUMNS, AuditEvent
+from warden_server.audit.events import COLUMNS, AuditEvent, iso
 from warden_server.audit.reader import NEWEST_FIRST, AuditFilter
 from warden_server.store import SQLiteStore, WriteTransaction
 
@@ -67,7 +69,9 @@ class Result:
         return self.ratio <= self.target
 
 
-def run(records: int = RECORDS) -> list[Result]:
+def run(records: int = RECORDS) -> bool:
+    """Fill a store with ``records`` audit records, time the writer and the
+    queries against their baselines, and return whether every target was met."""
     rng = random.Random(6)  # the same log every run
     with tempfile.TemporaryDirectory(prefix="warden-bench-") as folder:
         path = Path(folder) / "audit.db"
@@ -75,7 +79,7 @@ def run(records: int = RECORDS) -> list[Result]:
         results = [_insert(path, records, rng), _group_commit(Path(folder))]
         results += _queries(path, records, rng)
     _report(results)
-    return results
+    return all(r.ok for r in results)
 
 
 # -- insert --------------------------------------------------------------------
@@ -104,9 +108,7 @@ def _events(count: int, rng: random.Random, start: int = 0) -> Iterator[AuditEve
             policy_revision="0" * 64,
             input_digest="sha256:" + "1" * 64,
             input='{"order_id":"A1","amount":120}',
-            ts=(begin + step * (i - start))
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
+            ts=iso(begin + step * (i - start)),
             trace_id=f"{rng.getrandbits(128):032x}",
         )
 
@@ -245,7 +247,7 @@ def _queries(path: Path, records: int, rng: random.Random) -> list[Result]:
             ),
             _newest(
                 "one hour a week ago",
-                AuditFilter(since="7d", until=_iso(NOW - timedelta(days=7) + timedelta(hours=1))),
+                AuditFilter(since="7d", until=iso(NOW - timedelta(days=7) + timedelta(hours=1))),
                 0.05,
             ),
             Query(
@@ -270,10 +272,6 @@ def _queries(path: Path, records: int, rng: random.Random) -> list[Result]:
     finally:
         conn.close()
         store.close()
-
-
-def _iso(moment: datetime) -> str:
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _baseline(
@@ -333,3 +331,14 @@ def _report(results: list[Result]) -> None:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.3f}ms" if seconds < 1 else f"{seconds:.2f}s"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_audit", description=__doc__)
+    parser.add_argument(
+        "--records",
+        type=int,
+        default=RECORDS,
+        help="Audit records to insert before timing queries (default: %(default)s).",
+    )
+    sys.exit(0 if run(records=parser.parse_args().records) else 1)

@@ -1,0 +1,222 @@
+"""Hot reload of the policy folder (SI-12).
+
+A watcher thread waits for changes (watchfiles), then reads the folder once,
+checks and compiles it off the request path, and only then swaps it in
+whole. A set with any problem never replaces the one in force: it is logged,
+shown by ``Policies.GetStatus`` and recorded. Every load and every refusal is
+an audit record of kind ``policy`` carrying the revision and the files; the
+record of a load is durable before the first decision can use the new set.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import watchfiles
+
+from warden.shared.canonical import compact_json
+from warden_server.audit.events import AuditEvent
+from warden_server.config import Config
+from warden_server.policy.engine import PolicySet
+from warden_server.policy.inputs import InputSchema
+from warden_server.policy.loader import (
+    PolicyLoadError,
+    PolicySource,
+    compile_policies,
+    read_policy_folder,
+)
+from warden_server.registry import Registry
+from warden_server.store import Store
+
+if TYPE_CHECKING:
+    from warden_server.plane import PolicyHolder
+
+log = logging.getLogger(__name__)
+
+ReloadResult = Literal["loaded", "rejected", "unchanged"]
+MAX_RECORDED_PROBLEMS_CHARS = 16_000
+
+
+def input_schemas(registry: Registry) -> list[InputSchema]:
+    """The registered capabilities' input schemas (latest versions) for the checker."""
+    return [InputSchema(c.id, c.definition.input_schema) for c in registry.latest()]
+
+
+def load_at_start(config: Config, store: Store, registry: Registry) -> PolicySet:
+    """The policy set a plane starts with, its loading (or refusal) recorded.
+
+    Raises:
+        PolicyLoadError: the folder has problems; the plane must not start.
+    """
+    try:
+        source = read_policy_folder(config.policies_path)
+        policies = _compile(config, source, registry)
+    except PolicyLoadError as exc:
+        _record_rejection(store, exc, serving=None, reason="startup")
+        raise
+    _record_load(store, policies, previous=None, reason="startup")
+    return policies
+
+
+class PolicyReloader:
+    """Keeps a plane's policy set in step with its folder."""
+
+    def __init__(
+        self, config: Config, store: Store, registry: Registry, holder: PolicyHolder
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._registry = registry
+        self._holder = holder
+        self._directory = Path(config.policies_path).absolute()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    @property
+    def watching(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def reload(self) -> ReloadResult:
+        """Read the folder; if it changed, check, compile and swap it in whole.
+
+        A folder that matches the set in force, or the change last refused,
+        is ``unchanged``: nothing is compiled or recorded again.
+        """
+        with self._lock:
+            status = self._holder.status()
+            try:
+                source = read_policy_folder(self._directory)
+            except PolicyLoadError as exc:
+                return self._refuse(exc)
+            if source.revision == status.current.revision:
+                if status.rejected is not None:
+                    self._holder.settle()
+                return "unchanged"
+            if status.rejected is not None and source.revision == status.rejected.revision:
+                return "unchanged"
+            try:
+                policies = _compile(self._config, source, self._registry)
+            except PolicyLoadError as exc:
+                return self._refuse(exc)
+            # Durable first: no decision can name a revision the log has not announced.
+            _record_load(self._store, policies, previous=status.current, reason="reload")
+            self._holder.swap(policies, _now())
+            log.info(
+                "policy set %s loaded (%d rules in %s)",
+                policies.revision[:12],
+                len(policies.rules),
+                ", ".join(policies.files) or "no files",
+            )
+            return "loaded"
+
+    def _refuse(self, error: PolicyLoadError) -> ReloadResult:
+        status = self._holder.status()
+        if status.rejected is not None and (status.rejected.revision, status.rejected.problems) == (
+            error.revision,
+            tuple(error.problems),
+        ):
+            return "unchanged"
+        serving = status.current
+        _record_rejection(self._store, error, serving=serving, reason="reload")
+        self._holder.reject(error.revision, error.files, error.problems, _now())
+        log.error("policy change refused; still serving %s:\n%s", serving.revision[:12], error)
+        return "rejected"
+
+    def start(self) -> None:
+        """Watch the folder on a background thread until ``stop``."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._watch, name="warden-policy-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _watch(self) -> None:
+        ignore = watchfiles.DefaultFilter(ignore_paths=[self._directory / "tests"])
+        while not self._stop.is_set():
+            try:
+                for _changes in watchfiles.watch(
+                    self._directory,
+                    watch_filter=ignore,
+                    debounce=self._config.server.policy_debounce_ms,
+                    step=min(50, self._config.server.policy_debounce_ms),
+                    stop_event=self._stop,
+                    raise_interrupt=False,
+                ):
+                    self._reload_logged()
+            except Exception as exc:
+                # The folder vanished or cannot be watched: retry, and meanwhile
+                # record what the folder now is.
+                log.warning("cannot watch %s (%s); retrying", self._directory, exc)
+            if self._stop.wait(1.0):
+                break
+            self._reload_logged()
+
+    def _reload_logged(self) -> None:
+        try:
+            self.reload()
+        except Exception:
+            # The set in force stays; the watcher must outlive any one failure.
+            log.exception("policy reload failed; the set in force stays")
+
+
+def _compile(config: Config, source: PolicySource, registry: Registry) -> PolicySet:
+    return compile_policies(
+        source,
+        default_effect=config.server.default_effect,
+        capabilities=input_schemas(registry),
+    )
+
+
+def _record_load(
+    store: Store, policies: PolicySet, *, previous: PolicySet | None, reason: str
+) -> None:
+    details = {
+        "files": list(policies.files),
+        "rules": len(policies.rules),
+        "previous_revision": previous.revision if previous else None,
+    }
+    event = AuditEvent(
+        kind="policy",
+        status="loaded",
+        policy_revision=policies.revision,
+        reason=reason,
+        details=compact_json(details),
+    )
+    store.transact(lambda tx: tx.append_audit(event))
+
+
+def _record_rejection(
+    store: Store, error: PolicyLoadError, *, serving: PolicySet | None, reason: str
+) -> None:
+    details = {
+        "files": list(error.files),
+        "problems": len(error.problems),
+        "serving_revision": serving.revision if serving else None,
+    }
+    event = AuditEvent(
+        kind="policy",
+        status="rejected",
+        policy_revision=error.revision or None,
+        reason=reason,
+        details=compact_json(details),
+        cause_type=type(error).__name__,
+        cause_message=str(error)[:MAX_RECORDED_PROBLEMS_CHARS],
+    )
+    store.transact(lambda tx: tx.append_audit(event))
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

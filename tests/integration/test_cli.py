@@ -1,0 +1,504 @@
+"""The ``warden`` command line: in-process through click's CliRunner, and as
+real processes for ``serve``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import grpc
+import jwt
+import pytest
+from click.testing import CliRunner, Result
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+import warden
+from tests.conftest import ACTOR_SECRET, EXAMPLE_POLICIES, Plant
+from warden_server.auth.actors import ActorVerifier
+from warden_server.cli import main
+from warden_server.config import load_config
+
+ORDERS_CLI_TOKEN = "cli-test-orders-token"
+BROKEN_POLICY = """\
+rules:
+  - id: fine
+    capabilities: ["orders.*"]
+    effect: allow
+  - id: broken
+    capabilities: ["orders.*"]
+    effect: deny
+    when: actor.roles +
+"""
+
+
+def write_config(
+    folder: Path,
+    *,
+    policies: Path = EXAMPLE_POLICIES,
+    actors: str = f'hs256_secret = "{ACTOR_SECRET}"',
+) -> Path:
+    """A warden.toml in ``folder``: its own store, the given policies and actor keys."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "warden.toml"
+    path.write_text(
+        f"""\
+[server]
+listen = "127.0.0.1:0"
+store = "var/warden.db"
+policies = {json.dumps(str(policies))}
+
+[actors]
+{actors}
+issuer = "warden-test"
+audience = "warden"
+
+[services.orders]
+token = "{ORDERS_CLI_TOKEN}"
+namespaces = ["orders"]
+"""
+    )
+    return path
+
+
+def run(*args: str) -> Result:
+    """Invoke the CLI in-process with a clean environment for its secrets."""
+    runner = CliRunner(env={"WARDEN_ACTORS_HS256_SECRET": None})
+    return runner.invoke(main, list(args), catch_exceptions=False)
+
+
+def warden_command() -> list[str]:
+    """The CLI as a real process (``python -m warden_server.cli`` runs ``main``)."""
+    return [sys.executable, "-m", "warden_server.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- token mint ----------------------------------------------------------------------
+
+
+def test_token_mint_prints_a_jwt_the_plane_accepts(
+    tmp_path: Path, lab_plant: Plant, lab_rt: warden.Runtime
+) -> None:
+    config_path = write_config(tmp_path / "cli")
+    result = run(
+        "token", "mint", "--config", str(config_path),
+        "--sub", "alice", "--role", "support", "--tenant", "acme",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    token = result.stdout.strip()
+    assert token.count(".") == 2 and "\n" not in token
+
+    actor = ActorVerifier.from_config(load_config(config_path)).verify(token)
+    assert (actor.id, actor.roles, actor.tenant) == ("alice", ("support",), "acme")
+
+    # A running plane with the same actor settings governs a call made with it.
+    env = lab_rt.invoke("orders.echo", {"n": 1}, actor=token)
+    assert env.status == "succeeded"
+    (decision,) = lab_plant.events(invocation_id=env.invocation_id, kind="decision")
+    assert (decision["status"], decision["actor_id"], decision["tenant"]) == (
+        "granted",
+        "alice",
+        "acme",
+    )
+
+
+def test_token_mint_carries_several_roles_attributes_and_the_ttl(tmp_path: Path) -> None:
+    config_path = write_config(tmp_path / "cli")
+    result = run(
+        "token", "mint", "--config", str(config_path), "--sub", "maria",
+        "--role", "manager", "--role", "auditor", "--attr", "desk=emea", "--ttl", "120",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    token = result.stdout.strip()
+    actor = ActorVerifier.from_config(load_config(config_path)).verify(token)
+    assert actor.roles == ("manager", "auditor")
+    assert actor.tenant == ""
+    assert actor.attrs["desk"] == "emea"
+    claims = jwt.decode(token, options={"verify_signature": False})
+    assert claims["exp"] - claims["iat"] == 120
+    assert (claims["iss"], claims["aud"]) == ("warden-test", "warden")
+
+
+def test_token_mint_refuses_a_malformed_attribute(tmp_path: Path) -> None:
+    config_path = write_config(tmp_path / "cli")
+    result = run("token", "mint", "--config", str(config_path), "--sub", "a", "--attr", "desk")
+    assert result.exit_code == 2
+    assert "'desk' is not KEY=VALUE" in result.stderr
+
+
+def test_token_mint_without_an_hs256_secret_is_a_clear_error(tmp_path: Path) -> None:
+    folder = tmp_path / "cli"
+    config_path = write_config(folder, actors='public_key_file = "actors.pem"')
+    result = run("token", "mint", "--config", str(config_path), "--sub", "alice")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "token mint needs [actors] hs256_secret" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_token_mint_with_no_actor_keys_at_all_names_the_missing_setting(tmp_path: Path) -> None:
+    config_path = write_config(tmp_path / "cli", actors="")
+    result = run("token", "mint", "--config", str(config_path), "--sub", "alice")
+    assert result.exit_code == 1
+    assert "set exactly one of hs256_secret, public_key_file or jwks_file" in result.stderr
+
+
+def test_token_mint_with_a_missing_config_file_says_so(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.toml"
+    result = run("token", "mint", "--config", str(missing), "--sub", "alice")
+    assert result.exit_code == 1
+    assert f"{missing}: no such config file" in result.stderr
+
+
+# -- serve (real processes) ------------------------------------------------------------
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes started by a test; any still running at teardown is killed."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=10)
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    done = subprocess.run(
+        [*warden_command(), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Usage:" in done.stdout and "serve" in done.stdout
+
+
+def test_serve_is_healthy_reflects_its_services_and_stops_cleanly_on_sigterm(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    config_path = write_config(tmp_path / "cli")
+    target = f"127.0.0.1:{free_port()}"
+    process = subprocess.Popen(
+        [*warden_command(), "serve", "--config", str(config_path), "--listen", target],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    processes.append(process)
+    channel = grpc.insecure_channel(target)
+    try:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=30)
+        except grpc.FutureTimeoutError:
+            process.kill()
+            _, stderr = process.communicate(timeout=10)
+            pytest.fail(f"warden serve never listened on {target}:\n{stderr}")
+
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "warden.v1.Governor", "warden.v1.Registry"):
+            answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = reflection.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+        )
+        names = {s.name for r in responses for s in r.list_services_response.service}
+        assert {"warden.v1.Governor", "warden.v1.Registry", "grpc.health.v1.Health"} <= names
+    finally:
+        channel.close()
+
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=10)
+    assert process.returncode == 0, stderr
+    assert f"warden serving on {target}" in stderr
+    assert "received SIGTERM, stopping" in stderr
+    assert (tmp_path / "cli" / "var" / "warden.db").exists()
+
+
+def test_serve_with_a_broken_policy_folder_exits_non_zero_naming_file_line_col(
+    tmp_path: Path,
+) -> None:
+    broken = tmp_path / "broken-policies"
+    broken.mkdir()
+    (broken / "rules.yaml").write_text(BROKEN_POLICY)
+    config_path = write_config(tmp_path / "cli", policies=broken)
+    done = subprocess.run(
+        [*warden_command(), "serve", "--config", str(config_path), "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "the policy set has problems" in done.stderr
+    assert f"{broken / 'rules.yaml'}:8:" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_serve_policies_flag_overrides_the_config(tmp_path: Path) -> None:
+    """--policies wins over [server] policies: a good config pointed at a broken folder fails."""
+    broken = tmp_path / "broken-policies"
+    broken.mkdir()
+    (broken / "rules.yaml").write_text(BROKEN_POLICY)
+    config_path = write_config(tmp_path / "cli")
+    done = subprocess.run(
+        [*warden_command(), "serve", "--config", str(config_path), "--policies", str(broken)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert f"{broken / 'rules.yaml'}:8:" in done.stderr, done.stderr
+
+
+def test_serve_on_an_address_another_plane_holds_fails_instead_of_sharing_it(
+    tmp_path: Path, plant: Plant, processes: list[subprocess.Popen[str]]
+) -> None:
+    """A second plane on a busy port must not silently share it (gRPC's
+    SO_REUSEPORT would let the kernel split traffic between the two)."""
+    config_path = write_config(tmp_path / "cli")
+    process = subprocess.Popen(
+        [*warden_command(), "serve", "--config", str(config_path), "--listen", plant.target],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    processes.append(process)
+    try:
+        _, stderr = process.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, stderr = process.communicate(timeout=10)
+        pytest.fail(f"warden serve kept running on {plant.target}, already in use:\n{stderr}")
+    assert process.returncode != 0
+    assert plant.target in stderr
+    assert "Traceback" not in stderr
+
+
+def test_serve_with_an_unusable_listen_address_is_a_clear_error(tmp_path: Path) -> None:
+    config_path = write_config(tmp_path / "cli")
+    done = subprocess.run(
+        [*warden_command(), "serve", "--config", str(config_path), "--listen", "nonsense"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "nonsense" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+# -- policy check / test ----------------------------------------------------------------
+
+
+def test_policy_check_accepts_the_example_policies() -> None:
+    result = run("policy", "check", str(EXAMPLE_POLICIES))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("ok: 7 rules in 1 file, 11 test cases (revision ")
+
+
+def test_policy_check_reports_file_line_col_and_exits_1(tmp_path: Path) -> None:
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text(BROKEN_POLICY)
+    result = run("policy", "check", str(folder))
+    assert result.exit_code == 1
+    # Problems on stdout, like a linter's; the count on stderr.
+    assert result.stdout.startswith(f"{folder / 'rules.yaml'}:8:")
+    assert result.stderr.endswith("in 1 file\n")
+
+
+def test_policy_test_passes_the_example_suite_with_full_coverage() -> None:
+    result = run("policy", "test", str(EXAMPLE_POLICIES))
+    assert result.exit_code == 0, result.output
+    assert "FAIL" not in result.stdout
+    assert "0 failed; rule coverage 100% (7/7)" in result.stdout
+    assert "rules no test exercised" not in result.stdout
+
+
+def test_policy_test_exits_1_on_a_failing_case_and_says_which(tmp_path: Path) -> None:
+    folder = tmp_path / "policies"
+    shutil.copytree(EXAMPLE_POLICIES, folder)
+    (folder / "tests" / "wrong.yaml").write_text(
+        """\
+tests:
+  - name: a customer's refund is wrongly expected to pass
+    capability: orders.refund
+    actor: {id: carol, roles: [customer], tenant: acme}
+    input: {order_id: A1, amount: 10}
+    expect: {effect: allow}
+"""
+    )
+    result = run("policy", "test", str(folder))
+    assert result.exit_code == 1
+    assert "FAIL  a customer's refund is wrongly expected to pass" in result.stdout
+    assert "1 failed" in result.stdout
+
+
+def test_policy_test_reports_rules_no_test_exercised(tmp_path: Path) -> None:
+    folder = tmp_path / "policies"
+    shutil.copytree(EXAMPLE_POLICIES, folder)
+    (folder / "tests" / "orders.yaml").write_text(
+        """\
+tests:
+  - name: support can make a small refund
+    capability: orders.refund
+    actor: {id: bot-7, roles: [support], tenant: acme}
+    input: {order_id: A1, amount: 120}
+    expect: {effect: allow, rule: support-may-refund}
+"""
+    )
+    result = run("policy", "test", str(folder), "--min-coverage", "100")
+    assert result.exit_code == 1
+    assert "rules no test exercised: " in result.stdout
+    assert "admins-may-export" in result.stdout
+    # The case also makes the audit-mode rollout rule match: 2 of 7.
+    assert "rule coverage 29% (2/7)" in result.stdout
+
+
+# -- audit verify / query ------------------------------------------------------------------
+
+
+@pytest.fixture
+def audited(lab_plant: Plant, lab_rt: warden.Runtime) -> Plant:
+    """A store with registry, decision and outcome records in it."""
+    actor = lab_plant.token()
+    assert lab_rt.invoke("orders.echo", {"n": 1}, actor=actor).status == "succeeded"
+    assert lab_rt.invoke("orders.echo", {"n": 101}, actor=actor).status == "failed"
+    assert lab_rt.invoke("orders.nope", {"n": 1}, actor=actor).status == "failed"
+    return lab_plant
+
+
+def test_audit_verify_prints_ok_on_a_good_store(audited: Plant) -> None:
+    count = len(audited.rows())
+    result = run("audit", "verify", "--store", str(audited.db_path))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"ok: {count} records, chain intact"
+
+
+def test_audit_verify_names_the_edited_record(audited: Plant) -> None:
+    with sqlite3.connect(audited.db_path) as conn:
+        conn.execute("UPDATE audit_events SET public_message = 'x' WHERE seq = 2")
+    result = run("audit", "verify", "--store", str(audited.db_path))
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert (
+        "TAMPERED at seq 2: the record was edited: its hash does not match its contents"
+        in result.stderr
+    )
+    assert "(1 records verified before it)" in result.stderr
+
+
+def test_audit_verify_names_the_first_missing_record(audited: Plant) -> None:
+    with sqlite3.connect(audited.db_path) as conn:
+        conn.execute("DELETE FROM audit_events WHERE seq = 3")
+    result = run("audit", "verify", "--store", str(audited.db_path))
+    assert result.exit_code == 1
+    assert "TAMPERED at seq 3" in result.stderr
+
+
+def test_audit_verify_on_a_missing_store_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.db"
+    result = run("audit", "verify", "--store", str(missing))
+    assert result.exit_code == 1
+    assert f"{missing}: no such store" in result.stderr
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("command", ["verify", "query"])
+def test_audit_commands_on_a_file_that_is_not_a_store_are_a_clear_error(
+    tmp_path: Path, command: str
+) -> None:
+    bogus = tmp_path / "notes.db"
+    bogus.write_text("not a database at all\n")
+    result = CliRunner().invoke(main, ["audit", command, "--store", str(bogus)])
+    assert result.exit_code == 1
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert str(bogus) in result.stderr
+    assert bogus.read_text() == "not a database at all\n"
+
+
+def test_audit_query_json_lines_have_the_column_names_as_keys(audited: Plant) -> None:
+    result = run("audit", "query", "--store", str(audited.db_path), "--json", "--kind", "decision")
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    with sqlite3.connect(audited.db_path) as conn:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(audit_events)")]
+    decisions = audited.events(kind="decision")
+    assert len(records) == len(decisions) == 3
+    for record in records:
+        assert list(record) == columns
+        assert record["kind"] == "decision"
+    assert [r["seq"] for r in records] == sorted((d["seq"] for d in decisions), reverse=True)
+    assert [r["code"] for r in records] == ["CAPABILITY_NOT_FOUND", "POLICY_DENIED", None]
+
+
+def test_audit_query_filters_and_prints_a_table_by_default(audited: Plant) -> None:
+    result = run(
+        "audit", "query", "--store", str(audited.db_path), "--code", "POLICY_DENIED",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    header, *lines = result.stdout.splitlines()
+    assert header.split() == [
+        "seq", "ts", "kind", "status", "capability_id", "actor_id", "tenant", "stage", "code",
+        "reason",
+    ]  # fmt: skip
+    assert len(lines) == 1
+    assert "orders.echo" in lines[0] and "POLICY_DENIED" in lines[0]
+
+
+# -- help ----------------------------------------------------------------------------------
+
+
+def every_command(
+    command: click.Command, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in sorted(command.commands.items()):
+            yield from every_command(sub, (*path, name))
+
+
+COMMANDS = list(every_command(main))
+
+
+def test_the_cli_has_the_expected_commands() -> None:
+    paths = {" ".join(path) for path, _ in COMMANDS}
+    assert {
+        "",
+        "serve",
+        "token",
+        "token mint",
+        "policy",
+        "policy check",
+        "policy test",
+        "audit",
+        "audit verify",
+        "audit query",
+    } <= paths
+
+
+@pytest.mark.parametrize(
+    ("path", "command"), COMMANDS, ids=[" ".join(p) or "warden" for p, _ in COMMANDS]
+)
+def test_every_command_has_help_text(path: tuple[str, ...], command: click.Command) -> None:
+    assert command.help and command.help.strip(), f"{' '.join(path)} has no help text"
+    result = run(*path, "--help")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("Usage: ")
+    assert command.help.split("\n")[0].strip()[:40] in " ".join(result.stdout.split())

@@ -1,0 +1,124 @@
+"""Audit mode and message_expr, end to end through invoke and the audit log."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import warden
+from tests.conftest import Plant, make_config
+from tests.integration.lab import Lab, build_lab
+from warden_server.plane import Plane
+from warden_server.policy.loader import PolicyLoadError
+from warden_server.store import SQLiteStore
+
+RULES = """
+rules:
+  - id: allow-all
+    capabilities: ["orders.*"]
+    effect: allow
+  - id: big-numbers
+    capabilities: ["orders.echo"]
+    effect: deny
+    when: input.n > 100
+    message_expr: '"Use at most 100, not " + string(input.n) + "."'
+    message: Use at most 100.
+  - id: thirteen
+    capabilities: ["orders.echo"]
+    effect: deny
+    when: input.n == 13
+    message_expr: '"Not " + input.missing'
+    message: Thirteen is unlucky.
+  - id: notes-rollout
+    capabilities: ["orders.echo"]
+    effect: deny
+    mode: audit
+    when: input.note == "rollout"
+    message: Notes like this will be refused.
+"""
+
+
+def decision_rules(plant: Plant, invocation_id: str) -> dict[str, Any]:
+    (row,) = plant.events(invocation_id=invocation_id, kind="decision")
+    return json.loads(row["rules"])
+
+
+def lab_with(start_plane: Callable[..., Plant], tmp_path: Path) -> tuple[Plant, warden.Runtime]:
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text(RULES)
+    plant = start_plane(folder, watch_policies=False)
+    rt = build_lab(plant.target, "test-orders-token", Lab())
+    rt.register()
+    return plant, rt
+
+
+def test_message_expr_builds_the_public_message(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    plant, rt = lab_with(start_plane, tmp_path)
+    env = rt.invoke("orders.echo", {"n": 250}, actor=plant.token())
+    rt.close()
+    assert env.error is not None and env.error.code == "POLICY_DENIED"
+    assert env.error.public_message == "Use at most 100, not 250."
+
+
+def test_a_failing_message_expr_falls_back_and_the_failure_is_recorded(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    plant, rt = lab_with(start_plane, tmp_path)
+    env = rt.invoke("orders.echo", {"n": 13}, actor=plant.token())
+    rt.close()
+    assert env.error is not None and env.error.code == "POLICY_DENIED"
+    assert env.error.public_message == "Thirteen is unlucky."
+    rules = decision_rules(plant, env.invocation_id)
+    (thirteen,) = [r for r in rules["evaluated"] if r["id"] == "thirteen"]
+    assert thirteen["matched"] is True and "message_error" in thirteen
+
+
+def test_audit_mode_records_what_it_would_have_done_without_enforcing(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    plant, rt = lab_with(start_plane, tmp_path)
+    env = rt.invoke("orders.echo", {"n": 5, "note": "rollout"}, actor=plant.token())
+    plain = rt.invoke("orders.echo", {"n": 5, "note": "fine"}, actor=plant.token())
+    rt.close()
+    assert env.status == "succeeded" and plain.status == "succeeded"
+    rules = decision_rules(plant, env.invocation_id)
+    assert rules["decided_by"] == "allow-all"
+    assert rules["would_have"] == {
+        "effect": "deny",
+        "rule": "notes-rollout",
+        "message": "Notes like this will be refused.",
+    }
+    (rollout,) = [r for r in rules["evaluated"] if r["id"] == "notes-rollout"]
+    assert rollout == {"id": "notes-rollout", "effect": "deny", "mode": "audit", "matched": True}
+    assert "would_have" not in decision_rules(plant, plain.invocation_id)
+
+
+def test_the_plane_records_the_set_it_started_with(plant: Plant) -> None:
+    (row,) = plant.events(kind="policy")
+    assert (row["status"], row["reason"]) == ("loaded", "startup")
+    assert row["policy_revision"] == plant.server.plane.policies.current().revision
+    assert json.loads(row["details"])["files"] == ["orders.yaml"]
+
+
+def test_a_plane_refuses_to_start_on_a_broken_set_and_records_why(tmp_path: Path) -> None:
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text("rules:\n  - id: x\n    capabilities: [orders.get]\n")
+    config = make_config(tmp_path, folder)
+    with pytest.raises(PolicyLoadError) as raised:
+        Plane.from_config(config)
+    assert str(raised.value) == f"{folder}/rules.yaml:2:5: rules[0].effect: missing required key"
+    store = SQLiteStore(config.store_path)
+    try:
+        (row,) = store.audit_rows()
+    finally:
+        store.close()
+    assert (row["kind"], row["status"], row["reason"]) == ("policy", "rejected", "startup")
+    assert row["cause_message"] == str(raised.value)

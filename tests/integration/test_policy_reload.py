@@ -1,0 +1,211 @@
+"""Hot reload under load (SI-12): a policy set is swapped whole, a broken set
+never takes effect, every decision records the revision it used, and the
+audit log shows every load and every refusal."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ORDERS_TOKEN, Plant
+from tests.integration.lab import Lab, build_lab
+from warden_server.audit.chain import verify_rows
+from warden_server.policy.loader import read_policy_folder
+
+SET_A = """
+rules:
+  - id: allow-all
+    capabilities: ["orders.*"]
+    effect: allow
+  - id: limit
+    capabilities: ["orders.echo"]
+    effect: deny
+    when: input.n > 100
+    message: "A: use at most 100."
+"""
+SET_B = SET_A.replace("input.n > 100", "input.n > 50").replace(
+    "A: use at most 100.", "B: use at most 50."
+)
+# Broken as a whole: its first rule is valid and would deny everything if any
+# part of the set ever took effect.
+BROKEN = """
+rules:
+  - id: deny-everything
+    capabilities: ["orders.*"]
+    effect: deny
+    message: "BROKEN"
+  - id: syntax-error
+    capabilities: ["orders.*"]
+    effect: deny
+    when: input.n >
+"""
+NUMBERS = (10, 75, 150)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace a file the way editors and deploy tools do: write aside, rename."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def expected_outcome(revision_set: str, n: int) -> tuple[str, str | None]:
+    limit, message = (
+        (100, "A: use at most 100.") if revision_set == "A" else (50, "B: use at most 50.")
+    )
+    return ("failed", message) if n > limit else ("succeeded", None)
+
+
+def test_si12_hot_reload_swaps_whole_sets_under_concurrent_decisions(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    folder = tmp_path / "live"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text(SET_A)
+    revision_a = read_policy_folder(folder).revision
+    plant = start_plane(folder, policy_debounce_ms=50)
+    rt = build_lab(plant.target, ORDERS_TOKEN, Lab())
+    rt.register()
+    actor = plant.token()
+    results: list[tuple[str, int, str, str | None]] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def caller(offset: int) -> None:
+        i = offset
+        try:
+            while not stop.is_set():
+                n = NUMBERS[i % len(NUMBERS)]
+                env = rt.invoke("orders.echo", {"n": n}, actor=actor)
+                message = env.error.public_message if env.error else None
+                with lock:
+                    results.append((env.invocation_id, n, env.status, message))
+                i += 1
+        except BaseException as exc:  # surfaced below: a thread's failure fails the test
+            failures.append(exc)
+
+    def decided() -> int:
+        with lock:
+            return len(results)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: decided() >= 30, "decisions under set A")
+        write_atomically(folder / "rules.yaml", SET_B)
+        revision_b = read_policy_folder(folder).revision
+        wait_for(
+            lambda: plant.events(kind="policy", status="loaded", policy_revision=revision_b),
+            "set B to load",
+        )
+        settled = decided()
+        wait_for(lambda: decided() >= settled + 30, "decisions under set B")
+        write_atomically(folder / "zz-broken.yaml", BROKEN)
+        revision_broken = read_policy_folder(folder).revision
+        wait_for(
+            lambda: plant.events(kind="policy", status="rejected", policy_revision=revision_broken),
+            "the broken set to be refused",
+        )
+        settled = decided()
+        wait_for(lambda: decided() >= settled + 30, "decisions after the refusal")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+        rt.close()
+    assert failures == []
+
+    rows = plant.rows()
+    by_invocation = {r["invocation_id"]: r for r in rows if r["kind"] == "decision"}
+    sets = {revision_a: "A", revision_b: "B"}
+    seen = {"A": 0, "B": 0}
+    for invocation_id, n, status, message in results:
+        record = by_invocation[invocation_id]
+        assert record["policy_revision"] in sets, "a decision used a set that was never loaded"
+        which = sets[record["policy_revision"]]
+        seen[which] += 1
+        # The outcome is exactly what that whole set decides: nothing half-loaded.
+        assert (status, message) == expected_outcome(which, n), (which, n, status, message)
+        assert message != "BROKEN"
+    assert seen["A"] >= 30 and seen["B"] >= 60
+
+    policy_rows = [r for r in rows if r["kind"] == "policy"]
+    assert [(r["status"], r["reason"], r["policy_revision"]) for r in policy_rows] == [
+        ("loaded", "startup", revision_a),
+        ("loaded", "reload", revision_b),
+        ("rejected", "reload", revision_broken),
+    ]
+    loaded_b, rejected = policy_rows[1], policy_rows[2]
+    assert json.loads(loaded_b["details"]) == {
+        "files": ["rules.yaml"],
+        "rules": 2,
+        "previous_revision": revision_a,
+    }
+    assert json.loads(rejected["details"]) == {
+        "files": ["rules.yaml", "zz-broken.yaml"],
+        "problems": 1,
+        "serving_revision": revision_b,
+    }
+    assert rejected["cause_message"] == (
+        f"{folder}/zz-broken.yaml:10:19: rules[1].when: CEL syntax error: "
+        "the expression ends too soon"
+    )
+    # The load was durable before any decision used it; after the refusal, B stays.
+    first_b = min(r["seq"] for r in by_invocation.values() if r["policy_revision"] == revision_b)
+    assert loaded_b["seq"] < first_b
+    after = [r for r in by_invocation.values() if r["seq"] > rejected["seq"]]
+    assert after and all(r["policy_revision"] == revision_b for r in after)
+    assert verify_rows(rows).ok
+
+
+def test_a_folder_back_to_the_set_in_force_settles_the_refusal(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    folder = tmp_path / "live"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text(SET_A)
+    plant = start_plane(folder, watch_policies=False)
+    reloader, holder = plant.server.plane.reloader, plant.server.plane.policies
+    assert reloader.reload() == "unchanged"
+    write_atomically(folder / "zz-broken.yaml", BROKEN)
+    assert reloader.reload() == "rejected"
+    assert reloader.reload() == "unchanged", "the same refused change is recorded once"
+    assert holder.status().rejected is not None
+    (folder / "zz-broken.yaml").unlink()
+    assert reloader.reload() == "unchanged"
+    assert holder.status().rejected is None
+    assert [r["status"] for r in plant.events(kind="policy")] == ["loaded", "rejected"]
+
+
+def test_a_vanished_folder_keeps_the_last_good_set(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    folder = tmp_path / "live"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text(SET_A)
+    plant = start_plane(folder, watch_policies=False)
+    before = plant.server.plane.policies.current()
+    (folder / "rules.yaml").unlink()
+    folder.rmdir()
+    assert plant.server.plane.reloader.reload() == "rejected"
+    assert plant.server.plane.policies.current() is before
+    (row,) = plant.events(kind="policy", status="rejected")
+    assert row["policy_revision"] is None
+    assert row["cause_message"] == f"{folder}:1:1: no such policy folder"

@@ -1,0 +1,240 @@
+"""Configuration: warden.toml sections, secrets from the environment argument,
+command-line overrides, and errors that name the problem."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from warden_server.config import ConfigError, config_from_dict, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+VALID_TOML = """\
+[server]
+listen = "127.0.0.1:6000"
+store = "var/test.db"
+policies = "rules"
+default_effect = "allow"
+
+[actors]
+hs256_secret = "file-secret"
+issuer = "iss"
+audience = "aud"
+
+[services.orders]
+token = "file-orders-token"
+namespaces = ["orders"]
+
+[services.billing]
+token_sha256 = "{digest}"
+namespaces = ["billing", "payments.cards"]
+""".format(digest=hashlib.sha256(b"billing-token").hexdigest())
+
+
+def write_config(tmp_path: Path, text: str = VALID_TOML, name: str = "warden.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def minimal(**services: dict[str, Any]) -> dict[str, Any]:
+    return {"actors": {"hs256_secret": "s"}, "services": services}
+
+
+def config_error(data: dict[str, Any], **kw: Any) -> str:
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict(data, **kw)
+    return str(caught.value)
+
+
+def test_valid_config_loads(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path), environ={})
+    assert config.server.listen == "127.0.0.1:6000"
+    assert config.server.default_effect == "allow"
+    assert config.actors.hs256_secret == "file-secret"
+    assert (config.actors.issuer, config.actors.audience) == ("iss", "aud")
+    assert config.services["orders"].token == "file-orders-token"
+    assert (
+        config.services["orders"].token_digest == hashlib.sha256(b"file-orders-token").hexdigest()
+    )
+    assert config.services["billing"].token_digest == hashlib.sha256(b"billing-token").hexdigest()
+    assert config.services["billing"].namespaces == ["billing", "payments.cards"]
+
+
+def test_defaults_fail_closed() -> None:
+    config = config_from_dict(minimal())
+    assert config.server.default_effect == "deny"
+    assert config.server.listen == "127.0.0.1:50051"
+
+
+# -- rejected configurations --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        ({"server": {"colour": "red"}, "actors": {"hs256_secret": "s"}}, "server.colour"),
+        ({"actors": {"hs256_secret": "s", "isuer": "x"}}, "actors.isuer"),
+        ({"grants": {"ttl": 5}, "actors": {"hs256_secret": "s"}}, "grants.ttl"),
+        (
+            minimal(orders={"token": "t", "namespaces": ["orders"], "tokn": "x"}),
+            "services.orders.tokn",
+        ),
+    ],
+)
+def test_unknown_key_names_its_path(data: dict[str, Any], path: str) -> None:
+    message = config_error(data, source="my.toml")
+    assert message.startswith("my.toml: invalid configuration:")
+    assert f"  {path}: Extra inputs are not permitted" in message
+
+
+@pytest.mark.parametrize(
+    "service",
+    [
+        {"namespaces": ["orders"]},
+        {"namespaces": ["orders"], "token": "t", "token_sha256": "a" * 64},
+    ],
+    ids=["neither", "both"],
+)
+def test_exactly_one_of_token_and_token_sha256(service: dict[str, Any]) -> None:
+    message = config_error(minimal(orders=service))
+    assert "services.orders: Value error, set exactly one of token or token_sha256" in message
+
+
+def test_token_sha256_must_be_a_hex_digest() -> None:
+    message = config_error(minimal(orders={"namespaces": ["orders"], "token_sha256": "ABC"}))
+    assert "token_sha256 must be 64 lowercase hex digits" in message
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("orders", "orders"), ("orders", "orders.admin"), ("orders.admin", "orders")],
+)
+def test_overlapping_namespaces_between_services_rejected(first: str, second: str) -> None:
+    message = config_error(
+        minimal(
+            orders={"token": "a", "namespaces": [first]},
+            billing={"token": "b", "namespaces": [second]},
+        )
+    )
+    assert "overlaps" in message
+    assert "'orders'" in message and "'billing'" in message
+
+
+def test_disjoint_namespaces_with_a_common_prefix_are_fine() -> None:
+    config = config_from_dict(
+        minimal(
+            orders={"token": "a", "namespaces": ["orders"]},
+            billing={"token": "b", "namespaces": ["orderservice"]},
+        )
+    )
+    assert set(config.services) == {"orders", "billing"}
+
+
+def test_actors_need_exactly_one_key_source() -> None:
+    assert "set exactly one of hs256_secret" in config_error({"actors": {}})
+    both = {"actors": {"hs256_secret": "s", "jwks_file": "k.json"}}
+    assert "set exactly one of hs256_secret" in config_error(both)
+
+
+# -- environment and overrides ------------------------------------------------
+
+
+def test_environment_secrets_override_the_file(tmp_path: Path) -> None:
+    environ = {
+        "WARDEN_ACTORS_HS256_SECRET": "env-secret",
+        "WARDEN_SERVICE_ORDERS_TOKEN": "env-orders-token",
+        "WARDEN_SERVICE_BILLING_TOKEN": "env-billing-token",
+    }
+    config = load_config(write_config(tmp_path), environ=environ)
+    assert config.actors.hs256_secret == "env-secret"
+    assert config.services["orders"].token == "env-orders-token"
+    # An environment token replaces a file digest, too.
+    billing = config.services["billing"]
+    assert (billing.token, billing.token_sha256) == ("env-billing-token", None)
+    assert billing.token_digest == hashlib.sha256(b"env-billing-token").hexdigest()
+
+
+def test_environment_supplies_a_missing_secret() -> None:
+    config = config_from_dict(
+        {"services": {"orders": {"namespaces": ["orders"]}}},
+        environ={"WARDEN_ACTORS_HS256_SECRET": "e", "WARDEN_SERVICE_ORDERS_TOKEN": "t"},
+    )
+    assert config.actors.hs256_secret == "e"
+    assert config.services["orders"].token == "t"
+
+
+def test_hyphenated_service_name_environment_key() -> None:
+    config = config_from_dict(
+        minimal(**{"order-svc": {"namespaces": ["orders"]}}),
+        environ={"WARDEN_SERVICE_ORDER_SVC_TOKEN": "t"},
+    )
+    assert config.services["order-svc"].token == "t"
+
+
+def test_environment_is_only_read_from_the_argument(tmp_path: Path) -> None:
+    """Without ``environ`` the file's values stand (os.environ is not consulted)."""
+    config = load_config(write_config(tmp_path))
+    assert config.actors.hs256_secret == "file-secret"
+
+
+def test_overrides_win_over_the_file(tmp_path: Path) -> None:
+    overrides = {"listen": "0.0.0.0:7000", "store": "/abs/other.db", "policies": None}
+    config = load_config(write_config(tmp_path), environ={}, overrides=overrides)
+    assert config.server.listen == "0.0.0.0:7000"
+    assert config.store_path == Path("/abs/other.db")
+    assert config.server.policies == "rules", "a None override leaves the file's value"
+
+
+def test_overrides_apply_without_a_server_section() -> None:
+    config = config_from_dict(minimal(), overrides={"policies": "elsewhere"})
+    assert config.server.policies == "elsewhere"
+
+
+# -- files --------------------------------------------------------------------
+
+
+def test_missing_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.toml"
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    assert str(caught.value) == f"{path}: no such config file"
+
+
+def test_bad_toml_names_the_file(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "[server\nlisten = 1\n", name="broken.toml")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    assert str(caught.value).startswith(f"{path}: ")
+    assert "line 1" in str(caught.value)
+
+
+def test_invalid_values_name_the_file(tmp_path: Path) -> None:
+    path = write_config(tmp_path, '[actors]\nhs256_secret = "s"\n[server]\nworkers = 0\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    assert str(caught.value).startswith(f"{path}: invalid configuration:")
+    assert "server.workers" in str(caught.value)
+
+
+def test_relative_paths_resolve_against_the_config_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    config = load_config(write_config(folder), environ={})
+    assert config.base_dir == folder
+    assert config.store_path == folder / "var" / "test.db"
+    assert config.policies_path == folder / "rules"
+    assert config.path("/etc/absolute") == Path("/etc/absolute")
+
+
+def test_repository_warden_toml_loads() -> None:
+    config = load_config(ROOT / "warden.toml", environ={})
+    assert config.server.listen == "127.0.0.1:50051"
+    assert config.server.default_effect == "deny"
+    assert config.policies_path == ROOT / "policies"
+    assert config.services["orders"].namespaces == ["orders"]
+    assert config.actors.hs256_secret

@@ -1,0 +1,406 @@
+"""The policy loader: every problem at once, as ``file:line:col: path: message``,
+sorted; and the policy set's revision as a content hash."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from warden_server.policy.loader import PolicyLoadError, Problem, load_policies
+
+
+def write(folder: Path, **files: str) -> Path:
+    """Create ``folder`` with one file per keyword (``a_yaml`` -> ``a.yaml``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name.replace("_", ".")).write_text(text, encoding="utf-8")
+    return folder
+
+
+def problems_of(folder: Path) -> list[str]:
+    """The loader's problems for ``folder``, as strings (it must fail)."""
+    with pytest.raises(PolicyLoadError) as caught:
+        load_policies(folder)
+    return [str(p) for p in caught.value.problems]
+
+
+def char_at(path: Path, line: int, column: int) -> str:
+    """The text of ``path`` from 1-based ``line``/``column`` to the end of that line."""
+    return path.read_text(encoding="utf-8").splitlines()[line - 1][column - 1 :]
+
+
+def position(problem: str) -> tuple[int, int]:
+    match = re.match(r"^.*?:(\d+):(\d+): ", problem)
+    assert match, problem
+    return int(match.group(1)), int(match.group(2))
+
+
+VALID_RULE = """\
+  - id: ok
+    capabilities: ["orders.*"]
+    effect: allow
+"""
+
+
+# -- single kinds of problem ------------------------------------------------
+
+
+def test_yaml_syntax_error_is_reported_with_its_position(tmp_path: Path) -> None:
+    """Broken YAML names the file and the line and column of the fault."""
+    folder = write(tmp_path / "p", bad_yaml="rules: [\n  - id\n")
+    assert problems_of(folder) == [
+        f"{folder}/bad.yaml:2:3: YAML syntax error: expected the node content, but found '-'"
+    ]
+
+
+def test_unknown_key_is_reported_on_its_line(tmp_path: Path) -> None:
+    """The position is the unknown key itself (yamlpos records key nodes too)."""
+    folder = write(tmp_path / "p", a_yaml="rules:\n" + VALID_RULE + "    colour: red\n")
+    assert problems_of(folder) == [f"{folder}/a.yaml:5:5: rules[0].colour: unknown key"]
+
+
+def test_unknown_top_level_key(tmp_path: Path) -> None:
+    folder = write(tmp_path / "p", a_yaml="rulez: []\n")
+    assert problems_of(folder) == [f"{folder}/a.yaml:1:1: rulez: unknown key"]
+
+
+def test_missing_capabilities_and_effect_are_both_reported(tmp_path: Path) -> None:
+    """A rule missing two required keys yields two problems, at the rule."""
+    folder = write(tmp_path / "p", a_yaml="rules:\n  - id: lonely\n")
+    assert problems_of(folder) == [
+        f"{folder}/a.yaml:2:5: rules[0].capabilities: missing required key",
+        f"{folder}/a.yaml:2:5: rules[0].effect: missing required key",
+    ]
+
+
+def test_bad_effect_value_lists_the_allowed_effects(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "p",
+        a_yaml='rules:\n  - id: r\n    capabilities: ["orders.x"]\n    effect: maybe\n',
+    )
+    assert problems_of(folder) == [
+        f"{folder}/a.yaml:4:13: rules[0].effect: "
+        "must be 'allow', 'deny', 'require_approval' or 'hide'"
+    ]
+
+
+def test_cel_syntax_error_column_points_into_a_plain_expression(tmp_path: Path) -> None:
+    """The column is the file column of the offending token, not of the key."""
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: deny\n"
+            "    when: input.amount > && true\n"
+        ),
+    )
+    [problem] = problems_of(folder)
+    assert problem == (f"{folder}/a.yaml:5:26: rules[0].when: CEL syntax error: unexpected '&&'")
+    assert char_at(folder / "a.yaml", *position(problem)).startswith("&&")
+
+
+def test_cel_syntax_error_column_accounts_for_quotes(tmp_path: Path) -> None:
+    """In a quoted scalar the opening quote shifts the expression by one column."""
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: deny\n"
+            "    when: 'true && && false'\n"
+        ),
+    )
+    [problem] = problems_of(folder)
+    assert problem.startswith(f"{folder}/a.yaml:5:")
+    assert "rules[0].when: CEL syntax error" in problem
+    assert char_at(folder / "a.yaml", *position(problem)).startswith("&& false")
+
+
+def test_cel_syntax_error_in_a_block_scalar_points_at_the_token(tmp_path: Path) -> None:
+    """A ``|`` block expression: the line is the expression's line in the file
+    and the column must include the block's indentation."""
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: deny\n"
+            "    when: |\n"
+            "      true &&\n"
+            "      input.amount > 1 +\n"
+        ),
+    )
+    [problem] = problems_of(folder)
+    line, column = position(problem)
+    assert line == 7
+    assert "rules[0].when: CEL syntax error" in problem
+    # cel-python reports a dangling operator at the operator itself.
+    assert char_at(folder / "a.yaml", line, column) == "+"
+
+
+def test_unknown_variable_is_named_with_the_available_ones(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: deny\n"
+            '    when: user.name == "x"\n'
+        ),
+    )
+    assert problems_of(folder) == [
+        f"{folder}/a.yaml:5:11: rules[0].when: unknown variable 'user' "
+        "(available: actor, capability, context, input, now)"
+    ]
+
+
+def test_unknown_variables_in_message_expr(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: deny\n"
+            "    message_expr: foo + bar\n"
+        ),
+    )
+    # Each unknown variable once, at the place it is read.
+    assert problems_of(folder) == [
+        f"{folder}/a.yaml:5:19: rules[0].message_expr: unknown variable 'foo' "
+        "(available: actor, capability, context, input, now)",
+        f"{folder}/a.yaml:5:25: rules[0].message_expr: unknown variable 'bar' "
+        "(available: actor, capability, context, input, now)",
+    ]
+
+
+def test_hide_rule_may_not_use_input(tmp_path: Path) -> None:
+    """Hide rules run before input validation: ``input`` is not available."""
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: hide\n"
+            "    when: input.amount > 5\n"
+        ),
+    )
+    assert problems_of(folder) == [
+        f"{folder}/a.yaml:5:11: rules[0].when: "
+        "hide rules run before input validation and cannot read 'input'",
+    ]
+
+
+def test_approvers_and_ttl_only_on_require_approval(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: deny\n"
+            "    approvers: 'true'\n"
+            "    ttl: 1h\n"
+        ),
+    )
+    assert problems_of(folder) == [
+        f"{folder}/a.yaml:5:5: rules[0].approvers: "
+        "'approvers' applies only to require_approval rules",
+        f"{folder}/a.yaml:6:5: rules[0].ttl: 'ttl' applies only to require_approval rules",
+    ]
+
+
+def test_bad_ttl(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: require_approval\n"
+            "    ttl: soon\n"
+        ),
+    )
+    assert problems_of(folder) == [
+        f"{folder}/a.yaml:5:10: rules[0].ttl: 'soon' is not a duration like 90s, 30m, 1h or 7d"
+    ]
+
+
+def test_good_ttl_is_compiled_to_seconds(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: require_approval\n"
+            "    ttl: 90m\n"
+        ),
+    )
+    [rule] = load_policies(folder).rules
+    assert rule.ttl_seconds == 5400
+    assert rule.approvers is not None  # defaults to "true"
+
+
+def test_duplicate_rule_id_across_files_names_the_first_definition(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "p",
+        a_yaml='rules:\n  - id: twice\n    capabilities: ["orders.x"]\n    effect: allow\n',
+        b_yaml=(
+            "rules:\n"
+            "  - id: other\n"
+            '    capabilities: ["orders.y"]\n'
+            "    effect: allow\n"
+            "  - id: twice\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: deny\n"
+        ),
+    )
+    assert problems_of(folder) == [
+        f"{folder}/b.yaml:5:9: rules[1].id: duplicate rule id 'twice' "
+        f"(first defined at {folder}/a.yaml:2:9)"
+    ]
+
+
+def test_duplicate_yaml_key(tmp_path: Path) -> None:
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: allow\n"
+            "    effect: deny\n"
+        ),
+    )
+    assert problems_of(folder) == [f"{folder}/a.yaml:5:5: rules[0].effect: duplicate key"]
+
+
+# -- folders ------------------------------------------------------------------
+
+
+def test_empty_folder_is_a_valid_empty_set(tmp_path: Path) -> None:
+    folder = write(tmp_path / "empty")
+    policies = load_policies(folder)
+    assert policies.rules == ()
+    assert policies.files == ()
+    assert policies.default_effect == "deny"
+
+
+def test_empty_file_is_a_valid_empty_set(tmp_path: Path) -> None:
+    policies = load_policies(write(tmp_path / "p", a_yaml=""))
+    assert policies.rules == ()
+    assert policies.files == ("a.yaml",)
+
+
+def test_missing_folder_is_a_problem(tmp_path: Path) -> None:
+    folder = tmp_path / "nowhere"
+    assert problems_of(folder) == [f"{folder}:1:1: no such policy folder"]
+
+
+def test_tests_subfolder_and_other_files_are_not_rules(tmp_path: Path) -> None:
+    """Only *.yaml/*.yml files at the top level are policy files."""
+    folder = write(tmp_path / "p", a_yml="rules:\n" + VALID_RULE, README_md="# not YAML: [")
+    write(folder / "tests", t_yaml="tests: []\n")
+    policies = load_policies(folder)
+    assert [r.id for r in policies.rules] == ["ok"]
+    assert policies.files == ("a.yml",)
+
+
+# -- all at once --------------------------------------------------------------
+
+
+def test_every_problem_of_every_file_at_once_sorted(tmp_path: Path) -> None:
+    """Problems from several files come together, sorted by file, line, column."""
+    folder = write(
+        tmp_path / "p",
+        c_yaml="rules: [\n",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r1\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: deny\n"
+            "    when: nobody.here\n"
+            "  - id: r2\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: allow\n"
+            "    ttl: 1h\n"
+            "    when: 1 +\n"
+        ),
+        b_yaml=("rules:\n  - id: r3\n    effect: hide\n    when: input.x\n"),
+    )
+    with pytest.raises(PolicyLoadError) as caught:
+        load_policies(folder)
+    problems = caught.value.problems
+    assert problems == sorted(problems)
+    assert [(Path(p.file).name, p.line, p.path) for p in problems] == [
+        ("a.yaml", 5, "rules[0].when"),
+        ("a.yaml", 9, "rules[1].ttl"),
+        ("a.yaml", 10, "rules[1].when"),
+        ("b.yaml", 2, "rules[0].capabilities"),
+        ("b.yaml", 4, "rules[0].when"),  # still checked although the rule is broken
+        ("c.yaml", 2, ""),
+    ]
+    assert str(caught.value) == "\n".join(str(p) for p in problems)
+
+
+def test_schema_problems_do_not_hide_expression_problems_in_the_same_file(
+    tmp_path: Path,
+) -> None:
+    """One bad effect in rule 1 must not hide the CEL syntax error in rule 0:
+    the loader reports every problem at once."""
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r0\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: deny\n"
+            "    when: 1 +\n"
+            "  - id: r1\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: maybe\n"
+        ),
+    )
+    paths = [p.split(": ")[1] for p in problems_of(folder)]
+    assert paths == ["rules[0].when", "rules[1].effect"]
+
+
+def test_problem_string_without_a_path() -> None:
+    assert str(Problem("f.yaml", 3, 7, "", "boom")) == "f.yaml:3:7: boom"
+    assert str(Problem("f.yaml", 3, 7, "rules[0]", "boom")) == "f.yaml:3:7: rules[0]: boom"
+
+
+# -- revision -----------------------------------------------------------------
+
+RULES = 'rules:\n  - id: r\n    capabilities: ["orders.x"]\n    effect: allow\n'
+
+
+def test_revision_is_a_content_hash(tmp_path: Path) -> None:
+    """Same content in another folder: same revision; one changed byte: another."""
+    first = load_policies(write(tmp_path / "one", a_yaml=RULES)).revision
+    again = load_policies(write(tmp_path / "two", a_yaml=RULES)).revision
+    changed = load_policies(
+        write(tmp_path / "three", a_yaml=RULES.replace("allow", "deny "))
+    ).revision
+    assert re.fullmatch(r"[0-9a-f]{64}", first)
+    assert first == again
+    assert changed != first
+
+
+def test_revision_changes_with_a_single_byte(tmp_path: Path) -> None:
+    folder = write(tmp_path / "p", a_yaml=RULES)
+    before = load_policies(folder).revision
+    (folder / "a.yaml").write_text(RULES + "\n")
+    after = load_policies(folder).revision
+    assert before != after
+    (folder / "a.yaml").write_text(RULES)
+    assert load_policies(folder).revision == before

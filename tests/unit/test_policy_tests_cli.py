@@ -1,0 +1,131 @@
+"""`warden policy test`: the semantics suite, coverage, --run, --json and exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from warden_server.cli import main
+from warden_server.policy.loader import load_policies
+from warden_server.policy.model import PolicyTest
+from warden_server.policy.testing import evaluate_case
+
+SEMANTICS = Path(__file__).resolve().parent.parent / "testdata" / "policy_semantics"
+EXAMPLES = Path(__file__).resolve().parent.parent.parent / "policies"
+
+
+def warden(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def copy_semantics(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(SEMANTICS, tmp_path / "policies"))
+
+
+def test_semantics_suite_passes_with_full_coverage() -> None:
+    """Every effect, precedence, the default, fail-closed, audit mode and
+    message_expr fallback, as policy test data (tests/testdata/policy_semantics)."""
+    result = warden("policy", "test", str(SEMANTICS), "--min-coverage", "100")
+    assert result.exit_code == 0, result.output
+    assert "11 passed, 0 failed; rule coverage 100% (9/9)" in result.output
+    assert "FAIL" not in result.output
+
+
+def test_example_policies_pass_with_full_coverage() -> None:
+    result = warden("policy", "test", str(EXAMPLES), "--min-coverage", "100")
+    assert result.exit_code == 0, result.output
+    assert "0 failed; rule coverage 100%" in result.output
+
+
+def test_default_effect_applies_when_no_rule_matches() -> None:
+    case = PolicyTest.model_validate(
+        {"name": "n", "capability": "lab.read", "expect": {"effect": "allow"}}
+    )
+    now = datetime(2026, 3, 2, 12, tzinfo=UTC)
+    for default in ("deny", "allow"):
+        policies = load_policies(SEMANTICS, default_effect=default)
+        _, decision = evaluate_case(policies, case, now)
+        assert decision is not None
+        assert (decision.effect, decision.rule) == (default, None)
+
+
+def test_a_failing_case_exits_1_and_shows_expected_and_actual(tmp_path: Path) -> None:
+    folder = copy_semantics(tmp_path)
+    cases = folder / "tests" / "cases.yaml"
+    cases.write_text(cases.read_text().replace("rule: lab-night-shift", "rule: lab-readers"))
+    result = warden("policy", "test", str(folder))
+    assert result.exit_code == 1
+    assert "FAIL  now comes from the case" in result.output
+    assert "expected {'effect': 'deny', 'rule': 'lab-readers'" in result.output
+    assert "got      {'effect': 'deny', 'rule': 'lab-night-shift'" in result.output
+    assert "10 passed, 1 failed" in result.output
+
+
+def test_run_selects_cases_and_coverage_reports_unexercised_rules() -> None:
+    result = warden("policy", "test", str(SEMANTICS), "--run", "hide beats")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("PASS") == 1
+    assert "rules no test exercised: lab-readers, lab-big-needs-approval," in result.output
+    assert "rule coverage 11% (1/9)" in result.output
+
+
+def test_coverage_below_the_minimum_exits_1() -> None:
+    result = warden("policy", "test", str(SEMANTICS), "--run", "hide beats", "--min-coverage", "50")
+    assert result.exit_code == 1
+    assert "rule coverage 11% is below 50%" in result.output
+
+
+def test_json_output_is_one_object_per_case_then_a_summary() -> None:
+    result = warden("policy", "test", str(SEMANTICS), "--json", "--run", "audit-mode")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    *cases, summary = lines
+    assert [c["name"] for c in cases] == [
+        "an audit-mode rule records what it would have done without enforcing it",
+        "an audit-mode hide rule would have concealed the capability",
+    ]
+    assert cases[0]["actual"] == {
+        "effect": "allow",
+        "rule": "lab-readers",
+        "message": None,
+        "would_have": "deny",
+    }
+    assert summary["summary"]["passed"] == 2
+    assert summary["summary"]["failed"] == 0
+    assert "lab-broken-rule" in summary["summary"]["unexercised"]
+
+
+def test_a_bad_regex_is_a_usage_error() -> None:
+    result = warden("policy", "test", str(SEMANTICS), "--run", "(")
+    assert result.exit_code == 2
+    assert "--run" in result.output and "not a regular expression" in result.output
+
+
+def test_no_cases_exits_1(tmp_path: Path) -> None:
+    folder = copy_semantics(tmp_path)
+    shutil.rmtree(folder / "tests")
+    result = warden("policy", "test", str(folder))
+    assert result.exit_code == 1
+    assert "no test cases found" in result.output
+
+
+def test_broken_policies_exit_1_with_positions(tmp_path: Path) -> None:
+    folder = copy_semantics(tmp_path)
+    rules = folder / "rules.yaml"
+    rules.write_text(rules.read_text().replace("effect: hide\n", "effect: conceal\n", 1))
+    result = warden("policy", "test", str(folder))
+    assert result.exit_code == 1
+    assert f"{folder}/rules.yaml:" in result.output
+    assert "rules[4].effect: must be 'allow', 'deny', 'require_approval' or 'hide'" in (
+        result.output
+    )
+
+
+def test_check_passes_on_the_examples_and_counts_the_tests() -> None:
+    result = warden("policy", "check", str(SEMANTICS))
+    assert result.exit_code == 0, result.output
+    assert "ok: 9 rules in 1 file, 11 test cases" in result.output
