@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
+import functools
 import json
 import logging
 import threading
@@ -30,6 +32,7 @@ from warden._errors import CapabilityError, WardenError
 from warden._execution import AttemptRunner, CancelledAfterOutcome, uncancel
 from warden._grants import GrantKey
 from warden._retry import RetryPolicy, may_retry
+from warden._tracing import in_invocation_trace
 from warden._transport import Transport
 from warden.shared.canonical import compact_json
 from warden.v1 import governor_pb2, registry_pb2
@@ -75,12 +78,31 @@ class _LoopThread:
         self._thread.start()
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        """Run ``coroutine`` on the loop in the caller's context (its contextvars,
+        and so its current trace span), and wait for the result."""
+        caller = contextvars.copy_context()
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def start() -> None:
+            task = self.loop.create_task(coroutine, context=caller)
+            task.add_done_callback(functools.partial(_settle, done))
+
+        self.loop.call_soon_threadsafe(start)
+        return done.result()
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         self.loop.close()
+
+
+def _settle(done: concurrent.futures.Future[T], task: asyncio.Task[T]) -> None:
+    if task.cancelled():
+        done.cancel()
+    elif (error := task.exception()) is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(task.result())
 
 
 class Runtime:
@@ -231,6 +253,7 @@ class Runtime:
             )
         )
 
+    @in_invocation_trace
     async def ainvoke(
         self,
         capability_id: str,

@@ -12,6 +12,7 @@ import grpc.aio
 
 from warden._errors import ApprovalError, CapabilityError, WardenError
 from warden._grants import GrantKey
+from warden._tracing import trace_metadata
 from warden.shared.wire import ACTOR_TOKEN_METADATA, BEARER, SERVICE_TOKEN_METADATA
 from warden.v1 import (
     approvals_pb2,
@@ -63,7 +64,9 @@ class Transport:
         cannot answer (fail closed)."""
         stubs = self._for_loop()
         return await self._governed(
-            lambda: stubs.governor.Begin(request, metadata=self._metadata, timeout=self._timeout_s)
+            lambda: stubs.governor.Begin(
+                request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
+            )
         )
 
     async def complete(
@@ -72,7 +75,7 @@ class Transport:
         stubs = self._for_loop()
         return await self._governed(
             lambda: stubs.governor.Complete(
-                request, metadata=self._metadata, timeout=self._timeout_s
+                request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
             )
         )
 

@@ -13,6 +13,8 @@ from grpc_reflection.v1alpha import reflection
 from warden.v1 import (
     approvals_pb2,
     approvals_pb2_grpc,
+    audit_pb2,
+    audit_pb2_grpc,
     governor_pb2,
     governor_pb2_grpc,
     grants_pb2,
@@ -23,12 +25,17 @@ from warden.v1 import (
     registry_pb2_grpc,
 )
 from warden_server.approvals.expiry import Sweeper
+from warden_server.audit.checkpoint import CheckpointSigner
+from warden_server.audit.retention import RetentionScheduler
 from warden_server.plane import Plane
+from warden_server.policy.model import parse_duration
 from warden_server.services.approvals import ApprovalsServicer
+from warden_server.services.audit import AuditServicer
 from warden_server.services.governor import GovernorServicer
 from warden_server.services.grants import GrantKeysServicer
 from warden_server.services.policies import PoliciesServicer
 from warden_server.services.registry import RegistryServicer
+from warden_server.telemetry.interceptor import TelemetryInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +45,7 @@ SERVICE_NAMES = (
     policy_pb2.DESCRIPTOR.services_by_name["Policies"].full_name,
     approvals_pb2.DESCRIPTOR.services_by_name["Approvals"].full_name,
     grants_pb2.DESCRIPTOR.services_by_name["GrantKeys"].full_name,
+    audit_pb2.DESCRIPTOR.services_by_name["Audit"].full_name,
 )
 
 
@@ -51,6 +59,9 @@ class Server:
     host: str
     health: health.HealthServicer = field(repr=False)
     sweeper: Sweeper | None = field(default=None, repr=False)
+    metrics_port: int | None = None
+    """The port of ``/metrics``, when ``[telemetry] metrics_listen`` is set."""
+    retention: RetentionScheduler | None = field(default=None, repr=False)
 
     @property
     def target(self) -> str:
@@ -63,6 +74,8 @@ class Server:
             self.sweeper.stop()
         self.plane.approval_events.close()  # watch streams end now, not at the grace's end
         self.grpc_server.stop(grace).wait()
+        if self.retention is not None:
+            self.retention.stop()
         self.plane.close()
 
     def wait(self) -> None:
@@ -88,6 +101,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         futures.ThreadPoolExecutor(
             max_workers=plane.config.server.workers, thread_name_prefix="warden-rpc"
         ),
+        interceptors=[TelemetryInterceptor(plane.telemetry)],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -100,6 +114,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     policy_pb2_grpc.add_PoliciesServicer_to_server(PoliciesServicer(plane), server)
     approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(plane), server)
     grants_pb2_grpc.add_GrantKeysServicer_to_server(GrantKeysServicer(plane), server)
+    audit_pb2_grpc.add_AuditServicer_to_server(AuditServicer(plane), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -115,6 +130,13 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     if port == 0:
         plane.close()
         raise OSError(f"cannot listen on {listen}: {reason}")
+    metrics_listen = plane.config.telemetry.metrics_listen
+    try:
+        metrics_port = plane.telemetry.serve_metrics(metrics_listen) if metrics_listen else None
+    except OSError as exc:
+        plane.close()
+        raise OSError(f"cannot serve metrics on {metrics_listen}: {exc}") from None
+    retention = _retention(plane)
     server.start()
     if plane.config.server.watch_policies:
         plane.reloader.start()
@@ -135,4 +157,23 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         host=host,
         health=health_servicer,
         sweeper=sweeper,
+        metrics_port=metrics_port,
+        retention=retention,
     )
+
+
+def _retention(plane: Plane) -> RetentionScheduler | None:
+    """Start pruning on a schedule when ``[audit] retention`` is set."""
+    audit = plane.config.audit
+    if not audit.retention:
+        return None
+    # load_checkpoint_key insists on a private key when retention is set.
+    assert isinstance(plane.checkpoints, CheckpointSigner)
+    scheduler = RetentionScheduler(
+        plane.store,
+        plane.checkpoints,
+        retention=audit.retention,
+        interval=parse_duration(audit.prune_interval),
+    )
+    scheduler.start()
+    return scheduler

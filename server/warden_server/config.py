@@ -173,6 +173,38 @@ class RedactionSection(_Section):
         return self
 
 
+class AuditSection(_Section):
+    retention: str | None = None
+    """Prune records older than this (``90d``); unset keeps everything."""
+    prune_interval: str = "1h"
+    """How often the plane prunes when ``retention`` is set."""
+    checkpoint_key_file: str | None = None
+    """PEM Ed25519 key that signs retention checkpoints (the private key where
+    pruning runs; the public key is enough to verify). Required with ``retention``."""
+
+    @model_validator(mode="after")
+    def _durations(self) -> AuditSection:
+        for name in ("retention", "prune_interval"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    parse_duration(value)
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from None
+        if self.retention and not self.checkpoint_key_file:
+            raise ValueError("retention needs checkpoint_key_file to sign its checkpoints")
+        return self
+
+
+class TelemetrySection(_Section):
+    metrics_listen: str | None = None
+    """host:port of the Prometheus endpoint (``/metrics``); unset serves none."""
+    traces: Literal["none", "console"] = "none"
+    """Where finished spans go. Trace ids reach the audit records either way."""
+    log_format: Literal["text", "json"] = "text"
+    """``json``: one object per line, for log shippers."""
+
+
 class Config(_Section):
     server: ServerSection = ServerSection()
     actors: ActorsSection
@@ -180,6 +212,8 @@ class Config(_Section):
     grants: GrantsSection = GrantsSection()
     idempotency: IdempotencySection = IdempotencySection()
     redaction: RedactionSection = RedactionSection()
+    audit: AuditSection = AuditSection()
+    telemetry: TelemetrySection = TelemetrySection()
     base_dir: Path = Path()
     """The folder relative paths are resolved against (the config file's)."""
 

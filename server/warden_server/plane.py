@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from warden.shared.redaction import Redaction
 from warden_server.approvals.events import ApprovalHub
+from warden_server.audit.checkpoint import CheckpointKeyError, CheckpointSigner, CheckpointVerifier
 from warden_server.auth.actors import ActorVerifier
 from warden_server.auth.services import ServiceAuthenticator
 from warden_server.config import Config
@@ -20,6 +21,7 @@ from warden_server.registry import Registry
 from warden_server.reload import PolicyReloader, load_at_start
 from warden_server.sealing import Sealer
 from warden_server.store import SQLiteStore, Store
+from warden_server.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,9 @@ class Plane:
     sealer: Sealer = field(default_factory=lambda: Sealer.from_secret(None))
     """Seals outputs recorded for idempotent replay."""
     approval_events: ApprovalHub = field(default_factory=ApprovalHub)
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    checkpoints: CheckpointVerifier | None = None
+    """Checks retention checkpoints; a ``CheckpointSigner`` where this plane prunes."""
 
     @classmethod
     def from_config(cls, config: Config, *, clock: Callable[[], datetime] = utc_now) -> Plane:
@@ -113,7 +118,8 @@ class Plane:
 
         Raises:
             PolicyLoadError: the policy folder has problems.
-            ValueError, OSError: unreadable keys or store.
+            ValueError, OSError: unreadable keys or store (a CheckpointKeyError is a
+                ValueError).
         """
         key_file = config.grants.signing_key_file
         grants = GrantSigner.from_files(
@@ -127,12 +133,17 @@ class Plane:
                 "cannot be replayed after a restart"
             )
         actors = ActorVerifier.from_config(config)
-        store = SQLiteStore(config.store_path)
+        checkpoints = load_checkpoint_key(config)
+        telemetry = Telemetry.from_config(config.telemetry)
+        # The store reports what it commits, so the metrics agree with the
+        # log, the loading of the policy set at start included.
+        store = SQLiteStore(config.store_path, observer=telemetry)
         try:
             registry = Registry(store)
             policies = PolicyHolder(load_at_start(config, store, registry))
         except BaseException:
             store.close()
+            telemetry.close()
             raise
         return cls(
             config=config,
@@ -147,9 +158,32 @@ class Plane:
             redaction=Redaction(hash_key.encode() if hash_key else None),
             sealer=Sealer.from_secret(config.idempotency.replay_key),
             approval_events=ApprovalHub(max_watchers=config.server.max_approval_watchers),
+            telemetry=telemetry,
+            checkpoints=checkpoints,
         )
 
     def close(self) -> None:
         self.reloader.stop()
         self.approval_events.close()
         self.store.close()
+        self.telemetry.close()
+
+
+def load_checkpoint_key(config: Config) -> CheckpointVerifier | None:
+    """The configured checkpoint key: a signer for a private key, a verifier for a
+    public one, None when unset.
+
+    Raises:
+        CheckpointKeyError: unreadable or not Ed25519.
+    """
+    key_file = config.audit.checkpoint_key_file
+    if not key_file:
+        return None
+    path = config.path(key_file)
+    verifier = CheckpointVerifier.from_file(path)
+    try:
+        return CheckpointSigner.from_private_file(path)
+    except CheckpointKeyError:
+        if config.audit.retention:
+            raise
+        return verifier

@@ -397,7 +397,10 @@ def test_audit_verify_names_the_edited_record(audited: Plant) -> None:
     result = run("audit", "verify", "--store", str(audited.db_path))
     assert result.exit_code == 1
     assert result.stdout == ""
-    assert "TAMPERED at seq 2: hash does not match the record's contents" in result.stderr
+    assert (
+        "TAMPERED at seq 2: the record was edited: its hash does not match its contents"
+        in result.stderr
+    )
     assert "(1 records verified before it)" in result.stderr
 
 
@@ -452,7 +455,8 @@ def test_audit_query_filters_and_prints_a_table_by_default(audited: Plant) -> No
     assert result.exit_code == 0, result.output
     header, *lines = result.stdout.splitlines()
     assert header.split() == [
-        "seq", "ts", "kind", "status", "capability_id", "actor_id", "stage", "code", "reason",
+        "seq", "ts", "kind", "status", "capability_id", "actor_id", "tenant", "stage", "code",
+        "reason",
     ]  # fmt: skip
     assert len(lines) == 1
     assert "orders.echo" in lines[0] and "POLICY_DENIED" in lines[0]

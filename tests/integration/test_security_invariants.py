@@ -281,7 +281,7 @@ def test_si4_reordered_records_are_named(lab_rt: warden.Runtime, lab_plant: Plan
     assert not result.ok and result.first_bad_seq == 7
 
 
-def test_si4_a_rehashed_edit_still_breaks_the_next_link(
+def test_si4_a_rehashed_edit_is_named_by_the_broken_link_after_it(
     lab_rt: warden.Runtime, lab_plant: Plant
 ) -> None:
     from warden_server.audit.chain import record_hash
@@ -294,7 +294,8 @@ def test_si4_a_rehashed_edit_still_breaks_the_next_link(
         db, f"UPDATE audit_events SET actor_id = 'someone-else', hash = '{forged}' WHERE seq = 4"
     )
     result = _verify(db)
-    assert not result.ok and result.first_bad_seq == 5
+    assert not result.ok and result.first_bad_seq == 4
+    assert "re-hashed" in (result.problem or "")
 
 
 # -- SI-6 approval binding (the lifecycle's refusals: tests/integration/test_approvals.py) --

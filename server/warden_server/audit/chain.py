@@ -13,6 +13,7 @@ while setting or clearing the column on any record breaks its hash.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -26,6 +27,9 @@ LATE_COLUMNS: Final = frozenset({"call_id", "attempt"})
 """Columns added by later migrations: hashed only when not NULL."""
 
 
+_SAFE_INTEGER: Final = 2**53 - 1
+
+
 def record_hash(row: Mapping[str, Any]) -> str:
     """The hash of a row (every column but ``hash``; ``prev_hash`` included)."""
     body = {
@@ -33,38 +37,107 @@ def record_hash(row: Mapping[str, Any]) -> str:
         for key, value in row.items()
         if key != "hash" and not (value is None and key in LATE_COLUMNS)
     }
-    return hashlib.sha256(canonical_json(body)).hexdigest()
+    return hashlib.sha256(canonical_row(body)).hexdigest()
+
+
+def canonical_row(body: Mapping[str, Any]) -> bytes:
+    """RFC 8785 canonical JSON of a flat row.
+
+    A row of ASCII keys and text, null or safe-integer values is written by
+    ``json.dumps`` with sorted keys in exactly the RFC 8785 form (a property
+    test holds the two to the same bytes), several times faster than the
+    general encoder; this runs for every record on the single writer thread.
+    Anything else takes the general encoder.
+    """
+    for key, value in body.items():
+        kind = type(value)
+        if not key.isascii() or not (
+            value is None
+            or kind is str
+            or (kind is int and -_SAFE_INTEGER <= value <= _SAFE_INTEGER)
+        ):
+            return canonical_json(dict(body))
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: the general encoder decides
+        return canonical_json(dict(body))
 
 
 @dataclass(frozen=True, slots=True)
 class VerifyResult:
+    """What a walk of the chain found.
+
+    Attributes:
+        ok: Every record links to the one before and matches its hash.
+        checked: Records verified before the first bad one (all, when ok).
+        first_bad_seq: The first sequence number that is not what was written.
+        problem: What is wrong there, in words.
+        start_seq: Where the walk began (1, or after a retention checkpoint).
+    """
+
     ok: bool
     checked: int
     first_bad_seq: int | None = None
     problem: str | None = None
+    start_seq: int = 1
 
 
 def verify_rows(
     rows: Iterable[Mapping[str, Any]], start_hash: str = GENESIS, start_seq: int = 1
 ) -> VerifyResult:
-    """Walk rows in ``seq`` order and report the first one that breaks the chain."""
+    """Walk rows in ``seq`` order and name the first record that is not as written.
+
+    A record whose own hash still matches but whose link to the previous one
+    is broken proves the *previous* record was replaced (edited and re-hashed,
+    or inserted); a record whose hash matches only under a neighbouring
+    sequence number was renumbered to hide an insertion or a deletion.
+    """
     expected_prev = start_hash
     expected_seq = start_seq
     checked = 0
+
+    def bad(seq: int, problem: str) -> VerifyResult:
+        # Every record before the bad one was verified.
+        return VerifyResult(False, max(seq - start_seq, 0), seq, problem, start_seq)
+
     for row in rows:
         seq = int(row["seq"])
         if seq != expected_seq:
-            return VerifyResult(
-                False,
-                checked,
-                expected_seq,
-                f"expected seq {expected_seq}, found {seq}: records missing or reordered",
+            if seq < expected_seq:
+                return bad(seq, f"seq {seq} appears out of order after seq {expected_seq - 1}")
+            return bad(expected_seq, f"records {expected_seq}..{seq - 1} are missing")
+        linked = row["prev_hash"] == expected_prev
+        intact = record_hash(row) == row["hash"]
+        if not intact and linked:
+            return bad(seq, "the record was edited: its hash does not match its contents")
+        if not intact:
+            if _hashes_as(row, seq - 1):
+                return bad(
+                    seq - 1,
+                    f"a record was inserted at seq {seq - 1}: the records after it were renumbered",
+                )
+            if _hashes_as(row, seq + 1):
+                return bad(
+                    seq,
+                    f"seq {seq} holds the record written as seq {seq + 1}: a record was "
+                    "deleted here and later ones renumbered, or records were reordered",
+                )
+            return bad(seq, "the record was edited or moved: neither its hash nor its link match")
+        if not linked:
+            if seq == start_seq:
+                where = "the genesis hash" if start_seq == 1 else "the retention checkpoint"
+                return bad(seq, f"the record does not link to {where}")
+            return bad(
+                seq - 1,
+                f"seq {seq} does not link to it: it was edited and re-hashed, or inserted",
             )
-        if row["prev_hash"] != expected_prev:
-            return VerifyResult(False, checked, seq, "prev_hash does not match the previous record")
-        if record_hash(row) != row["hash"]:
-            return VerifyResult(False, checked, seq, "hash does not match the record's contents")
         expected_prev = row["hash"]
         expected_seq = seq + 1
         checked += 1
-    return VerifyResult(True, checked)
+    return VerifyResult(True, checked, start_seq=start_seq)
+
+
+def _hashes_as(row: Mapping[str, Any], seq: int) -> bool:
+    """Whether the row's stored hash is the one it would have at ``seq``."""
+    return bool(record_hash({**row, "seq": seq}) == row["hash"])

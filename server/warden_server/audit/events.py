@@ -8,7 +8,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
-Kind = Literal["decision", "outcome", "approval", "policy", "registry"]
+from opentelemetry import trace
+
+Kind = Literal["decision", "outcome", "approval", "policy", "registry", "access", "retention"]
+KINDS: Final[tuple[Kind, ...]] = (
+    "decision",
+    "outcome",
+    "approval",
+    "policy",
+    "registry",
+    "access",
+    "retention",
+)
+"""Every kind of record: ``access`` is a read of the audit API (SI-13),
+``retention`` a pruning with its checkpoint."""
 
 COLUMNS: Final = (
     "seq",
@@ -53,17 +66,23 @@ COLUMNS: Final = (
 ``attempt`` (which logical call an attempt belongs to, SI-11)."""
 
 
+def current_trace_id() -> str | None:
+    """The trace id of the span this thread is in (32 hex digits), or None outside a trace."""
+    context = trace.get_current_span().get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else None
+
+
 def now_iso() -> str:
     """The current UTC time as ISO 8601 with milliseconds, e.g. 2026-01-02T03:04:05.678Z."""
     return iso(datetime.now(UTC))
 
 
 def iso(moment: datetime) -> str:
-    """A UTC time as the store writes it: ISO 8601 with milliseconds and ``Z``.
+    """A time as the store writes it: UTC, ISO 8601 with milliseconds and ``Z``.
 
     One fixed width, so stored times compare correctly as text.
     """
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(slots=True)
@@ -99,7 +118,8 @@ class AuditEvent:
     cause_message: str | None = None
     stack: str | None = None
     duration_ms: int | None = None
-    trace_id: str | None = None
+    trace_id: str | None = dataclasses.field(default_factory=current_trace_id)
+    """The trace the record was written in: a decision carries its Begin's trace."""
     reason: str | None = None
     details: str | None = None
     call_id: str | None = None
@@ -108,10 +128,14 @@ class AuditEvent:
     ts: str = dataclasses.field(default_factory=now_iso)
 
     def row(self, seq: int, prev_hash: str) -> dict[str, Any]:
-        """The row to store, without its hash (see ``chain.link``)."""
-        row = dataclasses.asdict(self)
+        """The row to store, without its hash (see ``chain.record_hash``)."""
+        # Every field is a flat value: no deep copy needed (asdict would make one).
+        row = {name: getattr(self, name) for name in _FIELDS}
         for flag in ("exposed", "retryable", "executed_before_failure"):
             if row[flag] is not None:
                 row[flag] = int(row[flag])
         row.update(seq=seq, prev_hash=prev_hash)
         return row
+
+
+_FIELDS: Final = tuple(f.name for f in dataclasses.fields(AuditEvent))

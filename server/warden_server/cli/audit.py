@@ -1,73 +1,291 @@
-"""``warden audit``: query and verify the audit log."""
+"""``warden audit``: query, count, verify, export and prune the audit log.
+
+Every read command works on the store file (``--config`` or ``--store``) or,
+with ``--target`` and an auditor's ``--token``, through the plane's audit API,
+which scopes answers to the auditor's tenant and records each read.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
-from warden_server.audit import reader
-from warden_server.cli.common import CONFIG_OPTION, STORE_OPTION, open_store
+from warden_server.audit.checkpoint import CheckpointKeyError, CheckpointSigner
+from warden_server.audit.events import KINDS
+from warden_server.audit.reader import GROUPINGS, MAX_LIMIT, AuditFilter, Stats
+from warden_server.audit.retention import PruneRefused, prune
+from warden_server.cli.audit_sources import AuditSource, LocalSource, RemoteSource
+from warden_server.cli.common import CONFIG_OPTION, STORE_OPTION, load, open_store
+from warden_server.config import Config
+from warden_server.errors import RequestError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TABLE_COLUMNS = (
+    "seq",
+    "ts",
+    "kind",
+    "status",
+    "capability_id",
+    "actor_id",
+    "tenant",
+    "stage",
+    "code",
+    "reason",
+)
+
+
+def source_options(command: F) -> F:
+    """Where to read: the store (--config/--store) or the audit API (--target/--token)."""
+    for option in reversed(
+        (
+            CONFIG_OPTION,
+            STORE_OPTION,
+            click.option(
+                "--target",
+                metavar="HOST:PORT",
+                help="Read through the plane's audit API instead of the store file.",
+            ),
+            click.option(
+                "--token",
+                envvar="WARDEN_TOKEN",
+                help="An auditor's JWT for --target (or set WARDEN_TOKEN).",
+            ),
+        )
+    ):
+        command = option(command)
+    return command
+
+
+def filter_options(command: F) -> F:
+    """The filters every read command shares."""
+    for option in reversed(
+        (
+            click.option("--since", help="From this time, inclusive: ISO 8601 or 15m, 1h, 7d ago."),
+            click.option("--until", help="Up to this time, exclusive, in the same forms."),
+            click.option(
+                "--capability",
+                "capabilities",
+                multiple=True,
+                help="A capability id or glob (orders.*); repeat for any of several.",
+            ),
+            click.option("--actor", help="Actor id."),
+            click.option("--tenant", help="Tenant."),
+            click.option("--stage", help="Stage, e.g. policy or output-validation."),
+            click.option("--code", help="Error code, e.g. POLICY_DENIED."),
+            click.option(
+                "--status", help="granted, failed, suspended, rejected, succeeded, allowed..."
+            ),
+            click.option("--kind", type=click.Choice(KINDS)),
+            click.option("--invocation", help="Invocation id."),
+        )
+    ):
+        command = option(command)
+    return command
+
+
+def _filter(values: dict[str, Any]) -> AuditFilter:
+    return AuditFilter(
+        since=values.pop("since"),
+        until=values.pop("until"),
+        capabilities=tuple(values.pop("capabilities")),
+        actor=values.pop("actor"),
+        tenant=values.pop("tenant"),
+        stage=values.pop("stage"),
+        code=values.pop("code"),
+        status=values.pop("status"),
+        kind=values.pop("kind"),
+        invocation=values.pop("invocation"),
+    )
+
+
+def _source(values: dict[str, Any], public_key: str | None = None) -> AuditSource:
+    config_path, store = values.pop("config_path"), values.pop("store")
+    target, token = values.pop("target"), values.pop("token")
+    if target:
+        if not token:
+            raise click.UsageError("--target needs an auditor's --token (or WARDEN_TOKEN)")
+        return RemoteSource(target, token)
+    config = _config_if_present(config_path, store)
+    return LocalSource(open_store(config_path, store), _key_file(config, public_key))
+
+
+def _key_file(config: Config | None, given: str | None) -> Path | None:
+    """The checkpoint key: the one given, else the config's."""
+    if given:
+        return Path(given)
+    configured = config.audit.checkpoint_key_file if config else None
+    return config.path(configured) if config and configured else None
+
+
+def _config_if_present(config_path: str, store: str | None) -> Config | None:
+    """The config, or None when --store names the store and no config file exists."""
+    if store and not Path(config_path).exists():
+        return None
+    return load(config_path)
 
 
 @click.group()
 def audit() -> None:
-    """Query and verify the audit log."""
+    """Query, count, verify, export and prune the audit log."""
+
+
+@audit.command("query")
+@source_options
+@filter_options
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_LIMIT),
+    default=100,
+    show_default=True,
+    help="Records per page.",
+)
+@click.option("--before", type=int, metavar="SEQ", help="The next page: records after SEQ.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines, one object per record.")
+def audit_query(limit: int, before: int | None, as_json: bool, **values: Any) -> None:
+    """Audit records, newest first, a page at a time."""
+    source = _source(values)
+    try:
+        page = source.query(_filter(values), limit=limit, before=before)
+    finally:
+        source.close()
+    if as_json:
+        for row in page.rows:
+            click.echo(json.dumps(row, ensure_ascii=False))
+    else:
+        _table(TABLE_COLUMNS, [_cells(row, TABLE_COLUMNS) for row in page.rows])
+    if page.next_before is not None:
+        click.echo(f"more: --before {page.next_before}", err=True)
+
+
+@audit.command("stats")
+@source_options
+@filter_options
+@click.option("--by", type=click.Choice(tuple(GROUPINGS)), required=True, help="Group by this.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines, one object per group.")
+def audit_stats(by: str, as_json: bool, **values: Any) -> None:
+    """Counts and rates of audit records grouped by stage, code, capability or actor."""
+    source = _source(values)
+    try:
+        stats = source.stats(by, _filter(values))
+    finally:
+        source.close()
+    if as_json:
+        for r in stats.rows:
+            line = {by: r.key, "count": r.count, "share": r.share, "per_minute": r.per_minute}
+            click.echo(json.dumps(line, ensure_ascii=False))
+        return
+    _stats_table(stats)
 
 
 @audit.command("verify")
-@CONFIG_OPTION
-@STORE_OPTION
-def audit_verify(config_path: str, store: str | None) -> None:
+@source_options
+@click.option(
+    "--public-key",
+    type=click.Path(dir_okay=False, exists=True),
+    help="The checkpoint key (PEM) when the log was pruned (default: [audit] checkpoint_key_file).",
+)
+def audit_verify(public_key: str | None, **values: Any) -> None:
     """Walk the hash chain; name the first bad sequence number."""
-    opened = open_store(config_path, store)
+    source = _source(values, public_key)
     try:
-        result = reader.verify(opened)
+        result = source.verify()
     finally:
-        opened.close()
+        source.close()
+    since = f" from seq {result.start_seq} (after the retention checkpoint)"
+    where = since if result.start_seq > 1 else ""
     if result.ok:
-        click.echo(f"ok: {result.checked} records, chain intact")
+        click.echo(f"ok: {result.checked} records{where}, chain intact")
         return
     click.echo(
         f"TAMPERED at seq {result.first_bad_seq}: {result.problem} "
-        f"({result.checked} records verified before it)",
+        f"({result.checked} records verified before it{where})",
         err=True,
     )
     sys.exit(1)
 
 
-@audit.command("query")
+@audit.command("export")
+@source_options
+@filter_options
+def audit_export(**values: Any) -> None:
+    """Every matching record as JSON lines, oldest first (redirect to a file)."""
+    source = _source(values)
+    try:
+        for row in source.export(_filter(values)):
+            click.echo(json.dumps(row, ensure_ascii=False))
+    finally:
+        source.close()
+
+
+@audit.command("prune")
 @CONFIG_OPTION
 @STORE_OPTION
-@click.option("--since", help="ISO 8601 time, inclusive.")
-@click.option("--until", help="ISO 8601 time, exclusive.")
-@click.option("--capability", help="Capability id or glob.")
-@click.option("--actor")
-@click.option("--tenant")
-@click.option("--stage")
-@click.option("--code")
-@click.option("--status")
 @click.option(
-    "--kind", type=click.Choice(["decision", "outcome", "approval", "policy", "registry"])
+    "--before",
+    required=True,
+    help="Prune records older than this: ISO 8601, or a duration back from now (90d).",
 )
-@click.option("--invocation")
-@click.option("--limit", default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="JSON lines, one object per record.")
-def audit_query(config_path: str, store: str | None, as_json: bool, **filters: Any) -> None:
-    """Audit records, newest first."""
+@click.option(
+    "--key",
+    type=click.Path(dir_okay=False, exists=True),
+    help="The Ed25519 private key (PEM) that signs the checkpoint "
+    "(default: [audit] checkpoint_key_file).",
+)
+def audit_prune(config_path: str, store: str | None, before: str, key: str | None) -> None:
+    """Delete old records, leaving a signed checkpoint so verify still holds."""
+    key_path = _key_file(_config_if_present(config_path, store), key)
+    if key_path is None:
+        raise click.UsageError(
+            "pruning signs a checkpoint: give --key or set [audit] checkpoint_key_file"
+        )
+    try:
+        signer = CheckpointSigner.from_private_file(key_path)
+    except CheckpointKeyError as exc:
+        raise click.ClickException(str(exc)) from None
     opened = open_store(config_path, store)
     try:
-        rows = list(reader.query(opened, reader.AuditFilter(**filters)))
+        result = prune(opened, signer, before=before, now=datetime.now(UTC))
+    except (PruneRefused, RequestError) as exc:
+        raise click.ClickException(str(exc)) from None
     finally:
         opened.close()
-    if as_json:
-        for row in rows:
-            click.echo(json.dumps(row, ensure_ascii=False))
-        return
-    shown = ("seq", "ts", "kind", "status", "capability_id", "actor_id", "stage", "code", "reason")
-    widths = {c: max([len(c), *(len(str(r[c] or "")) for r in rows)]) for c in shown}
-    click.echo("  ".join(c.ljust(widths[c]) for c in shown))
+    if result.through_seq is None:
+        click.echo(f"nothing older than {result.pruned_before}")
+    else:
+        click.echo(
+            f"pruned {result.records} records through seq {result.through_seq} "
+            f"(older than {result.pruned_before}); checkpoint signed by key {signer.key_id}"
+        )
+
+
+def _cells(row: dict[str, Any], columns: Sequence[str]) -> list[str]:
+    return ["" if row[c] is None else str(row[c]) for c in columns]
+
+
+def _table(header: Sequence[str], rows: list[list[str]]) -> None:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
     for row in rows:
-        click.echo("  ".join(str(row[c] or "").ljust(widths[c]) for c in shown))
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _stats_table(stats: Stats) -> None:
+    minutes = stats.window_seconds / 60
+    click.echo(f"{stats.total} records over {minutes:.1f} min, by {stats.by}")
+    rows = [
+        [
+            r.key if r.key is not None else "-",
+            str(r.count),
+            f"{r.share * 100:.1f}%",
+            f"{r.per_minute:.2f}" if r.per_minute is not None else "-",
+        ]
+        for r in stats.rows
+    ]
+    _table((stats.by, "count", "share", "per_min"), rows)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
 from warden_server.cli.common import CONFIG_OPTION, load
 from warden_server.policy.loader import PolicyLoadError
+from warden_server.telemetry.logs import configure_logging
 
 
 @click.command()
@@ -25,14 +25,23 @@ from warden_server.policy.loader import PolicyLoadError
     help="The lowest level of log message printed.",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="Log lines as text or JSON objects (overrides [telemetry] log_format).",
+)
 def serve(
-    config_path: str, listen: str | None, store: str | None, policies: str | None, log_level: str
+    config_path: str,
+    listen: str | None,
+    store: str | None,
+    policies: str | None,
+    log_level: str,
+    log_format: Literal["text", "json"] | None,
 ) -> None:
     """Serve the plane until interrupted."""
     from warden_server.app import serve as start
     from warden_server.plane import Plane
 
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # Paths given on the command line are relative to where the command runs.
     config = load(
         config_path,
@@ -40,6 +49,7 @@ def serve(
         store=str(Path(store).resolve()) if store else None,
         policies=str(Path(policies).resolve()) if policies else None,
     )
+    configure_logging(log_level, log_format or config.telemetry.log_format)
     try:
         plane = Plane.from_config(config)
     except PolicyLoadError as exc:
@@ -55,6 +65,9 @@ def serve(
         f"policies {config.policies_path})",
         err=True,
     )
+    if server.metrics_port is not None:
+        host = (config.telemetry.metrics_listen or "").rpartition(":")[0]
+        click.echo(f"metrics on http://{host}:{server.metrics_port}/metrics", err=True)
 
     def stop(signum: int, _frame: Any) -> None:
         click.echo(f"received {signal.Signals(signum).name}, stopping", err=True)

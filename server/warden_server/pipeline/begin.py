@@ -92,7 +92,7 @@ def begin(plane: Plane, request: BeginRequest) -> BeginResult:
     for stage in STAGES:
         if time.monotonic() > request.deadline:
             return _refuse(plane, ctx, fail("GOVERNANCE_UNAVAILABLE", "plane-deadline-exceeded"))
-        failure = stage(plane, ctx)
+        failure = plane.telemetry.run_stage(stage, plane, ctx)
         if failure is not None:
             return _refuse(plane, ctx, failure)
     if ctx.replay is not None:

@@ -10,24 +10,13 @@ from collections.abc import Iterator
 
 import grpc
 
-from warden.shared.wire import ACTOR_TOKEN_METADATA, BEARER
 from warden.v1 import approvals_pb2, approvals_pb2_grpc
 from warden_server.approvals import deciding
-from warden_server.auth.actors import Actor, AuthenticationError
+from warden_server.auth.actors import Actor
 from warden_server.plane import Plane
 from warden_server.services import convert
+from warden_server.services.metadata import actor_token
 from warden_server.services.status import rpc, stream_rpc
-
-
-def approver_token(context: grpc.ServicerContext) -> str:
-    """The JWT of ``authorization: Bearer <JWT>``; empty when absent."""
-    value = dict(context.invocation_metadata()).get(ACTOR_TOKEN_METADATA, "")
-    if not isinstance(value, str) or not value:
-        return ""
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() != BEARER.lower() or not token.strip():
-        raise AuthenticationError(f"the {ACTOR_TOKEN_METADATA} metadata must be 'Bearer <JWT>'")
-    return token.strip()
 
 
 class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
@@ -35,7 +24,7 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
         self._plane = plane
 
     def _approver(self, context: grpc.ServicerContext) -> Actor:
-        return self._plane.actors.verify(approver_token(context))
+        return self._plane.actors.verify(actor_token(context))
 
     @rpc
     def ListApprovals(

@@ -10,8 +10,19 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from warden.shared.canonical import canonical_json, compact_json, strict_loads
-from warden.v1 import approvals_pb2, errors_pb2, governor_pb2, grants_pb2, policy_pb2, registry_pb2
+from warden.v1 import (
+    approvals_pb2,
+    audit_pb2,
+    errors_pb2,
+    governor_pb2,
+    grants_pb2,
+    policy_pb2,
+    registry_pb2,
+)
 from warden_server.approvals.deciding import ApprovalView
+from warden_server.audit.chain import VerifyResult
+from warden_server.audit.events import COLUMNS
+from warden_server.audit.reader import AuditFilter, Page, Stats, StatsRow
 from warden_server.auth.actors import Actor
 from warden_server.errors import InvalidRequest
 from warden_server.grants import PublishedKey
@@ -258,4 +269,135 @@ def problem_to_proto(problem: Problem) -> policy_pb2.PolicyProblem:
         column=problem.column,
         path=problem.path,
         message=problem.message,
+    )
+
+
+# -- the audit API (both sides: the servicer and the CLI's remote client) -------
+
+_FLAGS = frozenset({"exposed", "retryable", "executed_before_failure"})
+
+
+def audit_filter_from_proto(message: audit_pb2.AuditFilter) -> AuditFilter:
+    return AuditFilter(
+        since=message.since or None,
+        until=message.until or None,
+        capabilities=tuple(message.capabilities),
+        actor=message.actor or None,
+        tenant=message.tenant or None,
+        stage=message.stage or None,
+        code=message.code or None,
+        status=message.status or None,
+        kind=message.kind or None,
+        invocation=message.invocation_id or None,
+    )
+
+
+def audit_filter_to_proto(f: AuditFilter) -> audit_pb2.AuditFilter:
+    return audit_pb2.AuditFilter(
+        since=f.since or "",
+        until=f.until or "",
+        capabilities=list(f.capabilities),
+        actor=f.actor or "",
+        tenant=f.tenant or "",
+        stage=f.stage or "",
+        code=f.code or "",
+        status=f.status or "",
+        kind=f.kind or "",
+        invocation_id=f.invocation or "",
+    )
+
+
+def audit_record_to_proto(row: dict[str, Any]) -> audit_pb2.AuditRecord:
+    """A store row as a record; NULL columns stay unset."""
+    values: dict[str, Any] = {
+        column: bool(value) if column in _FLAGS else value
+        for column, value in row.items()
+        if value is not None
+    }
+    return audit_pb2.AuditRecord(**values)
+
+
+def audit_record_from_proto(message: audit_pb2.AuditRecord) -> dict[str, Any]:
+    """A record as the store's row: the same keys and values the local reader gives."""
+    row: dict[str, Any] = {}
+    record: Any = message  # fields are read by column name
+    for column in COLUMNS:
+        field = record.DESCRIPTOR.fields_by_name[column]
+        if field.has_presence and not record.HasField(column):
+            row[column] = None
+            continue
+        value = getattr(record, column)
+        row[column] = int(value) if column in _FLAGS else value
+    return row
+
+
+def page_to_proto(page: Page) -> audit_pb2.QueryResponse:
+    return audit_pb2.QueryResponse(
+        records=[audit_record_to_proto(row) for row in page.rows],
+        next_page_token=str(page.next_before) if page.next_before is not None else "",
+    )
+
+
+def page_from_proto(response: audit_pb2.QueryResponse) -> Page:
+    return Page(
+        rows=[audit_record_from_proto(r) for r in response.records],
+        next_before=page_token_of(response.next_page_token),
+    )
+
+
+def page_token_of(text: str) -> int | None:
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidRequest(f"page token {text!r} is not one this API issued") from None
+
+
+def stats_to_proto(stats: Stats) -> audit_pb2.StatsResponse:
+    return audit_pb2.StatsResponse(
+        by=stats.by,
+        total=stats.total,
+        window_seconds=stats.window_seconds,
+        rows=[
+            audit_pb2.StatsRow(key=r.key, count=r.count, share=r.share, per_minute=r.per_minute)
+            for r in stats.rows
+        ],
+    )
+
+
+def stats_from_proto(response: audit_pb2.StatsResponse) -> Stats:
+    return Stats(
+        by=response.by,
+        total=response.total,
+        window_seconds=response.window_seconds,
+        rows=[
+            StatsRow(
+                key=r.key if r.HasField("key") else None,
+                count=r.count,
+                share=r.share,
+                per_minute=r.per_minute if r.HasField("per_minute") else None,
+            )
+            for r in response.rows
+        ],
+    )
+
+
+def verify_to_proto(result: VerifyResult) -> audit_pb2.VerifyResponse:
+    return audit_pb2.VerifyResponse(
+        ok=result.ok,
+        checked=result.checked,
+        first_bad_seq=result.first_bad_seq or 0,
+        problem=result.problem or "",
+        start_seq=result.start_seq,
+    )
+
+
+def verify_from_proto(response: audit_pb2.VerifyResponse) -> VerifyResult:
+    return VerifyResult(
+        ok=response.ok,
+        checked=response.checked,
+        first_bad_seq=response.first_bad_seq or None,
+        problem=response.problem or None,
+        start_seq=response.start_seq,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from warden_server.audit.checkpoint import Checkpoint
 from warden_server.audit.events import AuditEvent
 from warden_server.store.records import (
     ApprovalRecord,
@@ -26,6 +27,15 @@ class WriteTransaction(Protocol):
 
     def append_audit(self, event: AuditEvent) -> int:
         """Append an audit record; returns its sequence number."""
+        ...
+
+    def audit_hash(self, seq: int) -> str | None:
+        """The hash of audit record ``seq``, or None if there is none."""
+        ...
+
+    def prune_audit(self, checkpoint: Checkpoint) -> int:
+        """Delete audit records up to ``checkpoint.seq`` and make it the chain's
+        starting point (replacing older checkpoints); returns how many were deleted."""
         ...
 
     def capability_versions(self, capability_id: str) -> list[CapabilityRecord]:
@@ -86,6 +96,14 @@ class WriteTransaction(Protocol):
         ...
 
 
+class StoreObserver(Protocol):
+    """Told about every committed batch (metrics and logs; never sensitive data)."""
+
+    def committed(self, transactions: int, events: Sequence[AuditEvent], seconds: float) -> None:
+        """A batch of ``transactions`` committed with these audit events in ``seconds``."""
+        ...
+
+
 class Store(Protocol):
     """Everything the plane persists."""
 
@@ -139,6 +157,22 @@ class Store(Protocol):
         limit: int | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Audit records as column dicts (the reader side of the audit log)."""
+        ...
+
+    def audit_counts(
+        self, column: str, where: str = "", params: Mapping[str, Any] | None = None
+    ) -> list[tuple[Any, int, str, str]]:
+        """``(value, count, first ts, last ts)`` of matching records per value of ``column``."""
+        ...
+
+    def audit_count(
+        self, where: str = "", params: Mapping[str, Any] | None = None, *, at_most: int
+    ) -> int:
+        """How many records match, counting no further than ``at_most``."""
+        ...
+
+    def audit_checkpoint(self) -> Checkpoint | None:
+        """The newest retention checkpoint, or None if nothing was ever pruned."""
         ...
 
     def close(self) -> None: ...

@@ -5,10 +5,15 @@ it takes everything waiting, runs each piece of work inside its own SAVEPOINT
 of one transaction, and commits once (``synchronous=FULL``), so many
 concurrent requests' audit records become durable with a single fsync. A
 piece of work that raises is rolled back to its savepoint alone.
+
+The chain head is read inside each batch's write transaction, so another
+process writing to the same file (``warden audit prune`` beside a running
+plane) extends the same chain instead of forking it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import queue
@@ -22,9 +27,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from warden_server.audit.chain import GENESIS, record_hash
+from warden_server.audit.checkpoint import Checkpoint
 from warden_server.audit.events import COLUMNS, AuditEvent
 from warden_server.errors import Conflict
-from warden_server.store.base import StoreError
+from warden_server.store.base import StoreError, StoreObserver
 from warden_server.store.migrations import migrate
 from warden_server.store.records import (
     ApprovalRecord,
@@ -43,6 +49,7 @@ _INSERT_AUDIT = (
 _STOP = object()
 _PURGE_BATCH = 100
 """Expired idempotency keys purged per reservation: bounded work per request."""
+WRITER_CACHE_KIB = 65_536
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -55,12 +62,16 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 class _Job:
-    __slots__ = ("deadline", "future", "work")
+    __slots__ = ("context", "deadline", "future", "work")
 
     def __init__(self, work: Callable[[SQLiteTransaction], Any], deadline: float | None) -> None:
         self.work = work
         self.deadline = deadline
         self.future: Future[Any] = Future()
+        # The work runs on the writer thread but in its caller's context, so
+        # what it reads from there (the current trace, for a record it builds)
+        # is the caller's.
+        self.context = contextvars.copy_context()
 
 
 @dataclass(slots=True)
@@ -77,13 +88,33 @@ class SQLiteTransaction:
     def __init__(self, conn: sqlite3.Connection, head: _ChainHead) -> None:
         self._conn = conn
         self._head = head
+        self.appended: list[AuditEvent] = []
+        """The events appended by the current piece of work."""
 
     def append_audit(self, event: AuditEvent) -> int:
         row = event.row(self._head.seq + 1, self._head.hash)
         row["hash"] = record_hash(row)
         self._conn.execute(_INSERT_AUDIT, row)
         self._head.seq, self._head.hash = row["seq"], row["hash"]
+        self.appended.append(event)
         return self._head.seq
+
+    def audit_hash(self, seq: int) -> str | None:
+        row = self._conn.execute("SELECT hash FROM audit_events WHERE seq = ?", (seq,)).fetchone()
+        return str(row[0]) if row else None
+
+    def prune_audit(self, checkpoint: Checkpoint) -> int:
+        deleted = self._conn.execute(
+            "DELETE FROM audit_events WHERE seq <= ?", (checkpoint.seq,)
+        ).rowcount
+        self._conn.execute(
+            "INSERT INTO audit_checkpoints (seq, hash, created_at, pruned_before, records, "
+            "key_id, signature) VALUES (:seq, :hash, :created_at, :pruned_before, :records, "
+            ":key_id, :signature)",
+            checkpoint.row(),
+        )
+        self._conn.execute("DELETE FROM audit_checkpoints WHERE seq < ?", (checkpoint.seq,))
+        return int(deleted)
 
     def capability_versions(self, capability_id: str) -> list[CapabilityRecord]:
         rows = self._conn.execute(
@@ -217,11 +248,16 @@ class SQLiteTransaction:
 class SQLiteStore:
     """The embedded store (see the module docstring for how writes commit)."""
 
-    def __init__(self, path: str | Path, *, max_batch: int = 512) -> None:
+    def __init__(
+        self, path: str | Path, *, max_batch: int = 512, observer: StoreObserver | None = None
+    ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._max_batch = max_batch
+        self._observer = observer
         self._write_conn = _connect(self.path)
+        # Every append updates a dozen indexes: keep their hot pages in memory.
+        self._write_conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
         migrate(self._write_conn)
         self._head = _ChainHead(0, GENESIS)
         self._load_chain_head()
@@ -249,9 +285,15 @@ class SQLiteStore:
         return result
 
     def _load_chain_head(self) -> None:
-        row = self._write_conn.execute(
+        conn = self._write_conn
+        row = conn.execute(
             "SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1"
         ).fetchone()
+        if row is None:
+            # Everything was pruned: the chain continues from the checkpoint.
+            row = conn.execute(
+                "SELECT seq, hash FROM audit_checkpoints ORDER BY seq DESC LIMIT 1"
+            ).fetchone()
         self._head.seq, self._head.hash = (row["seq"], row["hash"]) if row else (0, GENESIS)
 
     def _run_writer(self) -> None:
@@ -281,17 +323,21 @@ class SQLiteStore:
         self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Job]
     ) -> None:
         outcomes: list[tuple[_Job, Any, BaseException | None]] = []
+        events: list[AuditEvent] = []
+        started = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
+            self._load_chain_head()
             for job in batch:
                 if job.deadline is not None and time.monotonic() > job.deadline:
                     # Its requester has stopped waiting: what it would write must not exist.
                     outcomes.append((job, None, StoreError("the request's deadline passed")))
                     continue
                 head = (self._head.seq, self._head.hash)
+                tx.appended = []
                 conn.execute("SAVEPOINT job")
                 try:
-                    result = job.work(tx)
+                    result = job.context.run(job.work, tx)
                 except Exception as exc:
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
@@ -300,6 +346,7 @@ class SQLiteStore:
                 else:
                     conn.execute("RELEASE job")
                     outcomes.append((job, result, None))
+                    events.extend(tx.appended)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.exception("store commit failed; %d transactions rolled back", len(batch))
@@ -311,6 +358,11 @@ class SQLiteStore:
                 job.future.set_exception(error)
             return
         self.batches_committed += 1
+        if self._observer is not None:
+            try:
+                self._observer.committed(len(batch), events, time.perf_counter() - started)
+            except Exception:
+                log.exception("the store observer failed; the batch is committed")
         for job, result, failure in outcomes:
             if failure is None:
                 job.future.set_result(result)
@@ -441,6 +493,35 @@ class SQLiteStore:
             sql += f" LIMIT {int(limit)}"
         for row in self._reader().execute(sql, dict(params or {})):
             yield dict(row)
+
+    def audit_counts(
+        self, column: str, where: str = "", params: Mapping[str, Any] | None = None
+    ) -> list[tuple[Any, int, str, str]]:
+        if column not in COLUMNS:
+            raise ValueError(f"no audit column {column!r}")
+        sql = (
+            f"SELECT {column}, count(*), min(ts), max(ts) FROM audit_events"  # noqa: S608
+            + (f" WHERE {where}" if where else "")
+            + f" GROUP BY {column}"
+        )
+        return [tuple(row) for row in self._reader().execute(sql, dict(params or {}))]
+
+    def audit_count(
+        self, where: str = "", params: Mapping[str, Any] | None = None, *, at_most: int
+    ) -> int:
+        # ``where`` is built by the audit reader from fixed columns (see audit_rows).
+        sql = "SELECT 1 FROM audit_events" + (f" WHERE {where}" if where else "")  # noqa: S608
+        counted = f"SELECT count(*) FROM ({sql} LIMIT {int(at_most)})"  # noqa: S608
+        row = self._reader().execute(counted, dict(params or {})).fetchone()
+        return int(row[0])
+
+    def audit_checkpoint(self) -> Checkpoint | None:
+        row = (
+            self._reader()
+            .execute("SELECT * FROM audit_checkpoints ORDER BY seq DESC LIMIT 1")
+            .fetchone()
+        )
+        return Checkpoint(**dict(row)) if row else None
 
     def close(self) -> None:
         if self._closed:

@@ -1,0 +1,124 @@
+"""Observability of one plane: traces, metrics and structured logs.
+
+``Telemetry`` owns a tracer provider and a metrics registry of its own (not
+the process-global ones), so several planes in one process, as in tests, keep
+their figures apart. It observes the store (commit batches and the audit
+records in them, policy loads and refusals included) and each pipeline step
+(a span and a latency sample).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Final, TypeVar
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.trace import Tracer
+
+from warden_server.audit.events import AuditEvent
+from warden_server.telemetry.logs import fields, silence_leaky_loggers
+from warden_server.telemetry.metrics import Metrics, MetricsEndpoint
+
+if TYPE_CHECKING:
+    from warden_server.config import TelemetrySection
+    from warden_server.pipeline.failure import Failure
+
+P = TypeVar("P")
+C = TypeVar("C")
+
+STEP_STAGES: Final = {
+    "resolve": "discovery",
+    "authenticate": "authentication",
+    "visibility": "discovery",
+    "validate": "input-validation",
+    "authorize": "authorization",
+    "policy": "policy",
+    "approval": "approval",
+    "idempotency": "execution",
+}
+"""The contract stage each pipeline step fails in (SPEC §3); a step not
+listed is labelled with its own name."""
+
+audit_log = logging.getLogger("warden_server.audit")
+
+
+class Telemetry:
+    """Traces, metrics and logs of one plane."""
+
+    def __init__(self, *, traces: str = "none") -> None:
+        silence_leaky_loggers()
+        self.tracer_provider = TracerProvider(resource=Resource.create({"service.name": "warden"}))
+        if traces == "console":
+            self.tracer_provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+        self.tracer: Tracer = self.tracer_provider.get_tracer("warden_server")
+        self.metrics = Metrics()
+        self._endpoint: MetricsEndpoint | None = None
+
+    @classmethod
+    def from_config(cls, section: TelemetrySection) -> Telemetry:
+        return cls(traces=section.traces)
+
+    def run_stage(self, step: Callable[[P, C], Failure | None], plane: P, ctx: C) -> Failure | None:
+        """Run one pipeline step inside its own span, timing it."""
+        name = step.__name__
+        stage = STEP_STAGES.get(name, name)
+        started = time.perf_counter()
+        with self.tracer.start_as_current_span(
+            f"warden.{name}", attributes={"warden.stage": stage, "warden.step": name}
+        ) as span:
+            failure = step(plane, ctx)
+            if failure is not None:
+                span.set_attributes({"warden.code": failure.code, "warden.failed": True})
+        self.metrics.stage_seconds.labels(stage=stage, step=name).observe(
+            time.perf_counter() - started
+        )
+        return failure
+
+    def committed(self, transactions: int, events: Sequence[AuditEvent], seconds: float) -> None:
+        """The store committed a batch: count it, and log each decision and outcome."""
+        self.metrics.committed(transactions, events, seconds)
+        if not audit_log.isEnabledFor(logging.INFO):
+            return
+        for event in events:
+            if event.kind in ("decision", "outcome"):
+                audit_log.info(
+                    "%s %s",
+                    event.kind,
+                    event.status,
+                    extra=fields(
+                        kind=event.kind,
+                        status=event.status,
+                        stage=event.stage,
+                        code=event.code,
+                        capability_id=event.capability_id,
+                        capability_version=event.capability_version,
+                        service=event.service,
+                        invocation_id=event.invocation_id,
+                        reason=event.reason,
+                        duration_ms=event.duration_ms,
+                        trace_id=event.trace_id,
+                    ),
+                )
+
+    def serve_metrics(self, listen: str) -> int:
+        """Serve ``/metrics`` on ``listen`` (port 0 picks one); returns the port.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        if self._endpoint is None:
+            self._endpoint = MetricsEndpoint(self.metrics, listen)
+        return self._endpoint.port
+
+    def close(self) -> None:
+        if self._endpoint is not None:
+            self._endpoint.close()
+            self._endpoint = None
+        self.tracer_provider.shutdown()
+
+
+__all__ = ["STEP_STAGES", "Telemetry"]

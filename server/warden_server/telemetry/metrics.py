@@ -1,0 +1,129 @@
+"""Prometheus metrics of one plane, in a registry of its own.
+
+Labels are stages, codes, statuses, RPC methods and pipeline steps: bounded
+sets, never ids, inputs or messages (SI-5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import start_http_server
+
+from warden_server.audit.events import AuditEvent
+
+NONE: Final = "none"
+"""The label value for an absent stage or code (a grant has neither)."""
+
+_LATENCY_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+_BATCH_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class Metrics:
+    """Every metric the plane exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter(
+            "warden_decisions",
+            "Begin decisions by the stage and code that refused them (none for a grant).",
+            ["stage", "code", "status"],
+            registry=r,
+        )
+        self.outcomes = Counter(
+            "warden_outcomes",
+            "Reported outcomes of granted invocations by stage, code and status.",
+            ["stage", "code", "status"],
+            registry=r,
+        )
+        self.rpc_seconds = Histogram(
+            "warden_rpc_duration_seconds",
+            "Time to answer an RPC, by method and gRPC status code.",
+            ["method", "code"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage_seconds = Histogram(
+            "warden_stage_duration_seconds",
+            "Time spent in one pipeline step, by stage and step.",
+            ["stage", "step"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.policy_reloads = Counter(
+            "warden_policy_reloads",
+            "Policy set loads, at start and on reload, by result (ok: swapped in; "
+            "failed: refused, the last good set stays).",
+            ["result"],
+            registry=r,
+        )
+        self.policy_revision = Gauge(
+            "warden_policy_revision_info",
+            "The policy revision in force (value 1).",
+            ["revision"],
+            registry=r,
+        )
+        self.commit_batch = Histogram(
+            "warden_audit_commit_batch_size",
+            "Transactions committed together by one fsync (group commit).",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.commit_seconds = Histogram(
+            "warden_audit_commit_duration_seconds",
+            "Time to commit one batch of audit transactions.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._revision: str | None = None
+
+    def committed(self, transactions: int, events: Sequence[AuditEvent], seconds: float) -> None:
+        """Count a committed batch and the records in it."""
+        self.commit_batch.observe(transactions)
+        self.commit_seconds.observe(seconds)
+        for event in events:
+            counter = {"decision": self.decisions, "outcome": self.outcomes}.get(event.kind)
+            if counter is not None:
+                counter.labels(
+                    stage=event.stage or NONE, code=event.code or NONE, status=event.status
+                ).inc()
+            elif event.kind == "policy":
+                self._policy_recorded(event)
+
+    def _policy_recorded(self, event: AuditEvent) -> None:
+        # Every load and refusal of the policy folder, at start or on reload,
+        # is recorded once before it takes effect: counting the records counts
+        # the reloads wherever they happen.
+        if event.status != "loaded" or event.policy_revision is None:  # "rejected"
+            self.policy_reloads.labels(result="failed").inc()
+            return
+        self.policy_reloads.labels(result="ok").inc()
+        if self._revision is not None:
+            self.policy_revision.remove(self._revision)
+        self._revision = event.policy_revision
+        self.policy_revision.labels(revision=event.policy_revision).set(1)
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format, as ``/metrics`` serves it."""
+        return bytes(generate_latest(self.registry))
+
+
+class MetricsEndpoint:
+    """The HTTP server for ``/metrics``, on its own thread."""
+
+    def __init__(self, metrics: Metrics, listen: str) -> None:
+        host, _, port = listen.rpartition(":")
+        self._server, self._thread = start_http_server(
+            int(port), addr=host or "127.0.0.1", registry=metrics.registry
+        )
+        self.port: int = self._server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

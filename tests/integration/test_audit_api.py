@@ -1,0 +1,296 @@
+"""The audit API (SI-13): only auditors read, scoped to their tenant unless they
+hold auditor:all, and every read is itself recorded; the CLI reads through it
+with --target and --token and prints what it prints for the store file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from click.testing import CliRunner, Result
+
+from tests.conftest import Plant, make_config
+from tests.integration import auditlog
+from warden.v1 import audit_pb2, audit_pb2_grpc
+from warden_server.app import serve
+from warden_server.audit import reader
+from warden_server.cli import main
+from warden_server.config import ConfigError, config_from_dict
+from warden_server.plane import Plane
+
+
+@pytest.fixture
+def seeded(start_plane: Callable[..., Plant], tmp_path: Path) -> Plant:
+    """A plane over the known log: written first, so its records keep their
+    sequence numbers; the plane's own records (its policy load) come after."""
+    auditlog.seeded_store(tmp_path / "warden.db")
+    return start_plane()
+
+
+@pytest.fixture
+def stub(seeded: Plant) -> Iterator[audit_pb2_grpc.AuditStub]:
+    with grpc.insecure_channel(seeded.target) as channel:
+        yield audit_pb2_grpc.AuditStub(channel)
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+def auditor(plant: Plant, tenant: str = "acme", *roles: str) -> str:
+    return plant.token(sub=f"auditor-{tenant or 'all'}", roles=roles or ("auditor",), tenant=tenant)
+
+
+def everyone(plant: Plant) -> str:
+    return plant.token(sub="chief", roles=("auditor:all",), tenant="")
+
+
+def seqs(response: audit_pb2.QueryResponse) -> list[int]:
+    return [r.seq for r in response.records]
+
+
+def access_records(plant: Plant) -> list[dict[str, Any]]:
+    return plant.events(kind="access")
+
+
+def query(stub: audit_pb2_grpc.AuditStub, token: str, **filters: Any) -> audit_pb2.QueryResponse:
+    request = audit_pb2.QueryRequest(filter=audit_pb2.AuditFilter(**filters), limit=1000)
+    response: audit_pb2.QueryResponse = stub.Query(request, metadata=bearer(token))
+    return response
+
+
+def refused(call: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as raised:
+        result = call()
+        if not isinstance(result, audit_pb2.QueryResponse | audit_pb2.StatsResponse):
+            list(result)  # a stream answers while it is read
+    return raised.value
+
+
+# -- who may read --------------------------------------------------------------
+
+
+def test_si13_actors_without_the_auditor_role_are_refused_and_recorded(
+    seeded: Plant, stub: audit_pb2_grpc.AuditStub
+) -> None:
+    support = seeded.token(sub="eve", roles=("support", "admin"), tenant="acme")
+    error = refused(lambda: query(stub, support))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "needs the role auditor" in (error.details() or "")
+    (record,) = access_records(seeded)
+    assert (record["status"], record["actor_id"], record["code"]) == ("denied", "eve", "FORBIDDEN")
+    assert record["reason"].startswith("audit.query: ")
+
+
+def test_si13_no_token_or_a_bad_token_is_unauthenticated_and_recorded(
+    seeded: Plant, stub: audit_pb2_grpc.AuditStub
+) -> None:
+    for metadata in ((), bearer("not-a-jwt"), (("authorization", "Basic abc"),)):
+        error = refused(
+            lambda m=metadata: stub.Query(audit_pb2.QueryRequest(), metadata=m)  # type: ignore[misc]
+        )
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    records = access_records(seeded)
+    assert [(r["status"], r["actor_id"], r["code"]) for r in records] == [
+        ("rejected", None, "UNAUTHENTICATED")
+    ] * 3
+
+
+def test_si13_an_auditor_without_a_tenant_needs_auditor_all(
+    seeded: Plant, stub: audit_pb2_grpc.AuditStub
+) -> None:
+    error = refused(lambda: query(stub, auditor(seeded, "")))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "without a tenant needs auditor:all" in (error.details() or "")
+
+
+# -- what they see -------------------------------------------------------------------
+
+
+def test_si13_an_auditor_sees_only_their_tenant(
+    seeded: Plant, stub: audit_pb2_grpc.AuditStub
+) -> None:
+    token = auditor(seeded, "acme")
+    seen = query(stub, token, kind="decision")
+    assert seqs(seen) == auditlog.expected_seqs(
+        lambda r: r["tenant"] == "acme" and r["kind"] == "decision"
+    )
+    assert {r.tenant for r in seen.records} == {"acme"}
+    everything = query(stub, token)
+    assert {r.tenant for r in everything.records} == {"acme"}
+    stats = stub.Stats(audit_pb2.StatsRequest(by="actor"), metadata=bearer(token))
+    assert {row.key for row in stats.rows} == {"alice", "bob", "auditor-acme"}
+    exported = list(stub.Export(audit_pb2.ExportRequest(), metadata=bearer(token)))
+    assert exported and {r.tenant for r in exported} == {"acme"}
+
+
+def test_si13_asking_for_another_tenant_is_refused_not_emptied(
+    seeded: Plant, stub: audit_pb2_grpc.AuditStub
+) -> None:
+    error = refused(lambda: query(stub, auditor(seeded, "acme"), tenant="globex"))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "may read tenant 'acme' only" in (error.details() or "")
+    assert access_records(seeded)[-1]["status"] == "denied"
+    export = audit_pb2.ExportRequest(filter=audit_pb2.AuditFilter(tenant="globex"))
+    token = auditor(seeded, "acme")
+    assert (
+        refused(lambda: stub.Export(export, metadata=bearer(token))).code()
+        == grpc.StatusCode.PERMISSION_DENIED
+    )
+
+
+def test_si13_auditor_all_sees_every_tenant_and_untenanted_records(
+    seeded: Plant, stub: audit_pb2_grpc.AuditStub
+) -> None:
+    seen = query(stub, everyone(seeded), kind="decision")
+    assert seqs(seen) == auditlog.expected_seqs(lambda r: r["kind"] == "decision")
+    assert {r.tenant if r.HasField("tenant") else None for r in seen.records} == {
+        "acme",
+        "globex",
+        None,
+    }
+
+
+def test_si13_verify_reads_every_tenant_so_it_needs_auditor_all(
+    seeded: Plant, stub: audit_pb2_grpc.AuditStub
+) -> None:
+    error = refused(
+        lambda: stub.Verify(audit_pb2.VerifyRequest(), metadata=bearer(auditor(seeded)))
+    )
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    result = stub.Verify(audit_pb2.VerifyRequest(), metadata=bearer(everyone(seeded)))
+    assert result.ok and result.first_bad_seq == 0
+    # and the plane's policy load and both access records
+    assert result.checked == len(auditlog.LOG) + 3
+
+
+def test_si13_every_read_is_recorded_before_it_is_answered(
+    seeded: Plant, stub: audit_pb2_grpc.AuditStub
+) -> None:
+    token = auditor(seeded, "acme")
+    query(stub, token, capabilities=["orders.*"], since="2026-03-01")
+    stub.Stats(audit_pb2.StatsRequest(by="stage"), metadata=bearer(token))
+    list(stub.Export(audit_pb2.ExportRequest(), metadata=bearer(token)))
+    records = access_records(seeded)
+    assert [(r["reason"], r["status"], r["actor_id"], r["tenant"]) for r in records] == [
+        ("audit.query", "allowed", "auditor-acme", "acme"),
+        ("audit.stats", "allowed", "auditor-acme", "acme"),
+        ("audit.export", "allowed", "auditor-acme", "acme"),
+    ]
+    assert json.loads(records[0]["input"]) == {
+        "capabilities": ["orders.*"],
+        "since": "2026-03-01",
+        "limit": 1000,
+    }
+    assert json.loads(records[1]["input"]) == {"by": "stage"}
+    answer = query(stub, token)
+    assert (answer.records[0].kind, answer.records[0].reason) == ("access", "audit.query"), (
+        "the read's own record is committed before the answer"
+    )
+
+
+def test_the_audit_api_answers_private_diagnostics_to_auditors(
+    lab_plant: Plant, lab_rt: Any
+) -> None:
+    env = lab_rt.invoke("orders.echo", {"n": 1, "note": "explode"}, actor=lab_plant.token())
+    with grpc.insecure_channel(lab_plant.target) as channel:
+        response = query(
+            audit_pb2_grpc.AuditStub(channel),
+            auditor(lab_plant, "acme"),
+            invocation_id=env.invocation_id,
+            kind="outcome",
+        )
+    (record,) = response.records
+    assert "hunter2" in record.cause_message and record.cause_type == "builtins.RuntimeError"
+
+
+def test_a_bad_filter_is_invalid_argument(seeded: Plant, stub: audit_pb2_grpc.AuditStub) -> None:
+    error = refused(lambda: query(stub, everyone(seeded), since="last tuesday"))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "neither an ISO 8601 time" in (error.details() or "")
+    bad_page = audit_pb2.QueryRequest(page_token="abc")
+    error = refused(lambda: stub.Query(bad_page, metadata=bearer(everyone(seeded))))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# -- the CLI through the API ---------------------------------------------------------------
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_the_cli_reads_through_the_api_as_it_reads_the_store(seeded: Plant) -> None:
+    store = ["--config", "no-such.toml", "--store", str(seeded.db_path)]
+    remote = ["--target", seeded.target, "--token", everyone(seeded)]
+    for command in (
+        ["query", "--json", "--kind", "decision", "--capability", "orders.*"],
+        ["query", "--stage", "policy"],
+        ["stats", "--by", "code", "--kind", "decision", "--json"],
+        ["export", "--kind", "outcome"],
+    ):
+        local = cli("audit", *command, *store)
+        through_api = cli("audit", *command, *remote)
+        assert local.exit_code == through_api.exit_code == 0, through_api.output
+        assert through_api.stdout == local.stdout
+    verified = cli("audit", "verify", *remote)
+    assert verified.exit_code == 0 and verified.stdout.startswith("ok: ")
+
+
+def test_the_cli_pages_through_the_api(seeded: Plant) -> None:
+    remote = ["--target", seeded.target, "--token", everyone(seeded)]
+    first = cli("audit", "query", "--json", "--limit", "4", "--kind", "decision", *remote)
+    cursor = first.stderr.split("--before")[1].strip()
+    second = cli("audit", "query", "--json", "--limit", "100", "--kind", "decision",
+                 "--before", cursor, *remote)  # fmt: skip
+    got = [json.loads(line)["seq"] for line in (first.stdout + second.stdout).splitlines()]
+    assert got == auditlog.expected_seqs(lambda r: r["kind"] == "decision")
+
+
+def test_the_cli_reports_refusals_in_one_line(seeded: Plant) -> None:
+    token = seeded.token(sub="eve", roles=("support",), tenant="acme")
+    result = cli("audit", "query", "--target", seeded.target, "--token", token)
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        f"Error: {seeded.target} answered PERMISSION_DENIED: "
+        "reading the audit log needs the role auditor"
+    )
+    missing = cli("audit", "query", "--target", seeded.target)
+    assert missing.exit_code == 2 and "--token" in missing.output
+
+
+# -- scheduled retention --------------------------------------------------------------
+
+
+def test_the_plane_prunes_on_schedule_and_still_verifies(tmp_path: Path) -> None:
+    from tests.integration.test_audit_cli import ed25519_pem
+
+    key = ed25519_pem(tmp_path / "checkpoint.pem")
+    base = make_config(tmp_path).model_dump(mode="json", exclude={"base_dir"})
+    base["audit"] = {"retention": "1d", "prune_interval": "1h", "checkpoint_key_file": str(key)}
+    auditlog.seeded_store(tmp_path / "warden.db")  # months old by the time the plane starts
+    with serve(
+        Plane.from_config(config_from_dict(base, base_dir=tmp_path)), "127.0.0.1:0"
+    ) as server:
+        store = server.plane.store
+        assert server.retention is not None
+        server.retention.run_once()
+        # (The scheduler's own first run, at start, may also have found something.)
+        remaining = list(store.audit_rows(order="seq"))
+        assert remaining[0]["kind"] == "policy", "the plane's own policy load is recent: it stays"
+        assert {r["kind"] for r in remaining[1:]} == {"retention"}
+        checkpoint = store.audit_checkpoint()
+        assert checkpoint is not None and checkpoint.seq >= len(auditlog.LOG)
+        assert reader.verify(store, server.plane.checkpoints).ok
+
+
+def test_retention_without_a_private_key_is_refused_at_start(tmp_path: Path) -> None:
+    base = make_config(tmp_path).model_dump(mode="json", exclude={"base_dir"})
+    base["audit"] = {"retention": "1d"}
+    with pytest.raises(ConfigError) as raised:
+        config_from_dict(base, base_dir=tmp_path)
+    assert "retention needs checkpoint_key_file" in str(raised.value)

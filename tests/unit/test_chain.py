@@ -1,0 +1,121 @@
+"""verify_rows names the record that is not as written, for each kind of tampering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from warden.shared.canonical import canonical_json
+from warden_server.audit.chain import GENESIS, canonical_row, record_hash, verify_rows
+
+
+def chain(n: int, start_seq: int = 1, prev: str = GENESIS) -> list[dict[str, Any]]:
+    rows = []
+    for seq in range(start_seq, start_seq + n):
+        row: dict[str, Any] = {"seq": seq, "status": f"s{seq}", "prev_hash": prev}
+        row["hash"] = record_hash(row)
+        prev = row["hash"]
+        rows.append(row)
+    return rows
+
+
+def rehash(row: dict[str, Any]) -> dict[str, Any]:
+    row["hash"] = record_hash(row)
+    return row
+
+
+def test_an_intact_chain_verifies_and_counts() -> None:
+    result = verify_rows(chain(5))
+    assert (result.ok, result.checked, result.first_bad_seq) == (True, 5, None)
+
+
+def test_a_chain_continues_from_a_checkpoint() -> None:
+    head = chain(10)
+    tail = head[6:]
+    assert verify_rows(tail, head[5]["hash"], 7).ok
+    assert verify_rows(tail, GENESIS, 7).first_bad_seq == 7
+    assert verify_rows(tail).first_bad_seq == 1
+
+
+def edit(rows: list[dict[str, Any]]) -> None:
+    rows[3]["status"] = "x"
+
+
+def edit_and_rehash(rows: list[dict[str, Any]]) -> None:
+    rows[3]["status"] = "x"
+    rehash(rows[3])
+
+
+def delete(rows: list[dict[str, Any]]) -> None:
+    del rows[3]
+
+
+@pytest.mark.parametrize(
+    ("tamper", "bad", "words"),
+    [(edit, 4, "edited"), (edit_and_rehash, 4, "re-hashed"), (delete, 4, "missing")],
+)
+def test_each_tampering_is_named(tamper: Any, bad: int, words: str) -> None:
+    rows = chain(8)
+    tamper(rows)
+    result = verify_rows(rows)
+    assert not result.ok and result.first_bad_seq == bad
+    assert words in (result.problem or "")
+    assert result.checked == bad - 1
+
+
+def test_an_insertion_with_renumbering_names_the_inserted_record() -> None:
+    rows = chain(8)
+    forged = rehash({"seq": 5, "status": "forged", "prev_hash": rows[3]["hash"]})
+    for row in rows[4:]:
+        row["seq"] += 1
+    rows.insert(4, forged)
+    result = verify_rows(rows)
+    assert result.first_bad_seq == 5 and "inserted at seq 5" in (result.problem or "")
+
+
+def test_a_deletion_with_renumbering_names_the_gap() -> None:
+    rows = chain(8)
+    del rows[4]
+    for row in rows[4:]:
+        row["seq"] -= 1
+    result = verify_rows(rows)
+    assert result.first_bad_seq == 5 and "written as seq 6" in (result.problem or "")
+
+
+def test_swapped_records_are_named_at_the_first() -> None:
+    rows = chain(8)
+    rows[5]["seq"], rows[6]["seq"] = 7, 6
+    rows.sort(key=lambda r: r["seq"])
+    assert verify_rows(rows).first_bad_seq == 6
+
+
+# -- the fast canonical form of a row is exactly RFC 8785 ------------------------------
+
+values = st.one_of(
+    st.none(),
+    st.text(),
+    st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1),
+    st.integers(),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+@settings(max_examples=150)
+@given(st.dictionaries(st.text(max_size=12), values, max_size=12))
+def test_the_canonical_row_is_byte_for_byte_rfc8785(row: dict[str, Any]) -> None:
+    try:
+        expected = canonical_json(row)
+    except Exception:  # e.g. an integer outside the JSON-safe range
+        with pytest.raises(Exception):  # noqa: B017
+            canonical_row(row)
+        return
+    assert canonical_row(row) == expected
+
+
+def test_a_stored_row_takes_the_fast_path_and_matches() -> None:
+    row = {"seq": 7, "status": 'said "héllo"\n\u2028\x00', "input": None, "prev_hash": GENESIS}
+    assert canonical_row(row) == canonical_json(row)

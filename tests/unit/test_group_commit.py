@@ -1,0 +1,77 @@
+"""Group commit: transactions waiting while the writer is busy commit together,
+with one fsync, and one that fails is rolled back alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from warden_server.audit.events import AuditEvent
+from warden_server.audit.reader import verify
+from warden_server.store import SQLiteStore, WriteTransaction
+
+WAITING = 10
+
+
+class Batches:
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, list[str]]] = []
+
+    def committed(self, transactions: int, events: Sequence[AuditEvent], seconds: float) -> None:
+        self.seen.append((transactions, [e.status for e in events]))
+
+
+def test_transactions_that_wait_commit_together_and_a_failure_is_undone_alone(
+    tmp_path: Path,
+) -> None:
+    batches = Batches()
+    store = SQLiteStore(tmp_path / "audit.db", observer=batches)
+    gate, inside = threading.Event(), threading.Event()
+
+    def blocker(tx: WriteTransaction) -> int:
+        inside.set()
+        gate.wait(5)
+        return tx.append_audit(AuditEvent(kind="policy", status="first"))
+
+    def append(status: str) -> int:
+        def work(tx: WriteTransaction) -> int:
+            seq = tx.append_audit(AuditEvent(kind="policy", status=status))
+            if status == "doomed":
+                raise RuntimeError("this transaction fails after appending")
+            return seq
+
+        return store.transact(work)
+
+    results: dict[str, object] = {}
+
+    def run(status: str) -> None:
+        try:
+            results[status] = append(status)
+        except RuntimeError as exc:
+            results[status] = exc
+
+    first = threading.Thread(target=lambda: results.setdefault("first", store.transact(blocker)))
+    first.start()
+    assert inside.wait(5)
+    statuses = [f"t{i}" for i in range(WAITING - 1)] + ["doomed"]
+    waiting = [threading.Thread(target=run, args=(s,)) for s in statuses]
+    for thread in waiting:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while store._queue.qsize() < WAITING and time.monotonic() < deadline:
+        time.sleep(0.001)
+    gate.set()
+    for thread in (first, *waiting):
+        thread.join(5)
+    try:
+        assert [n for n, _ in batches.seen] == [1, WAITING]
+        committed = batches.seen[1][1]
+        assert "doomed" not in committed and len(committed) == WAITING - 1
+        assert isinstance(results["doomed"], RuntimeError)
+        seqs = sorted(v for k, v in results.items() if k != "doomed")
+        assert seqs == list(range(1, WAITING + 1)), "the failed one left no gap"
+        assert verify(store).ok
+    finally:
+        store.close()
