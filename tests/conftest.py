@@ -16,7 +16,7 @@ import pytest
 
 from warden_server.app import Server, serve
 from warden_server.auth.actors import mint_token
-from warden_server.config import Config, config_from_dict
+from warden_server.config import Config, config_from_dict, load_config
 from warden_server.plane import Plane
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden",
         action="store_true",
-        help="Rewrite golden files (tests/testdata/**/expected.txt) from the current output.",
+        help="Rewrite golden files (tests/testdata/**/expected.txt, tests/adapters/golden/) "
+        "from the current output.",
     )
 
 
@@ -132,6 +133,19 @@ def start_plane(tmp_path: Path) -> Iterator[Callable[..., Plant]]:
     yield start
     for running in servers:
         running.stop(grace=0)
+
+
+@pytest.fixture
+def dev_plane(tmp_path: Path) -> Iterator[Server]:
+    """A plane served from the repository's own warden.toml (with a store of its own)."""
+    config = load_config(
+        ROOT / "warden.toml",
+        environ={},
+        overrides={"listen": "127.0.0.1:0", "store": str(tmp_path / "warden.db")},
+    )
+    server = serve(Plane.from_config(config), "127.0.0.1:0")
+    yield server
+    server.stop(grace=0)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ env = rt.invoke("orders.refund", {"order_id": "A1", "amount": 730}, actor=ACTOR_
 
 from warden._approvals import Approval, ApprovalEvent, Approvals
 from warden._cancel import CancelToken
+from warden._capability import DiscoveredCapability
 from warden._context import Actor, Context, DeclaredError
 from warden._envelope import Envelope, unwrap
 from warden._errors import ApprovalError, CapabilityError, WardenError
@@ -33,6 +34,7 @@ __all__ = [
     "CapabilityError",
     "Context",
     "DeclaredError",
+    "DiscoveredCapability",
     "Envelope",
     "GrantClaims",
     "GrantKey",

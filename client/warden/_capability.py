@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,11 @@ _SIDE_EFFECTS = {
     "read": registry_pb2.SIDE_EFFECT_READ,
     "write": registry_pb2.SIDE_EFFECT_WRITE,
     "idempotent": registry_pb2.SIDE_EFFECT_IDEMPOTENT,
+}
+_SIDE_EFFECT_NAMES: dict[int, SideEffect] = {
+    registry_pb2.SIDE_EFFECT_READ: "read",
+    registry_pb2.SIDE_EFFECT_WRITE: "write",
+    registry_pb2.SIDE_EFFECT_IDEMPOTENT: "idempotent",
 }
 _ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 
@@ -134,4 +140,44 @@ def _declared(code: str, spec: ErrorSpec) -> DeclaredError:
         return DeclaredError(code=code, message=spec)
     return DeclaredError(
         code=code, message=str(spec["message"]), retryable=bool(spec.get("retryable", False))
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredCapability:
+    """A capability as discovery shows it to an actor on a surface.
+
+    Attributes:
+        id: e.g. ``orders.refund``.
+        version: The latest registered version.
+        service: The owning service.
+        description: Written for the models that choose among capabilities.
+        input_schema: The registered JSON Schema of the arguments.
+        output_schema: The registered JSON Schema of the output (fields marked
+            ``x-warden-model-visible: false`` are still in it).
+        side_effect: ``read``, ``write`` or ``idempotent``.
+        tags: The capability's tags.
+    """
+
+    id: str
+    version: str
+    service: str
+    description: str
+    input_schema: dict[str, Any] = field(repr=False)
+    output_schema: dict[str, Any] = field(repr=False)
+    side_effect: SideEffect
+    tags: tuple[str, ...]
+
+
+def discovered_from_proto(capability: registry_pb2.Capability) -> DiscoveredCapability:
+    d = capability.definition
+    return DiscoveredCapability(
+        id=d.id,
+        version=d.version,
+        service=capability.service,
+        description=d.description,
+        input_schema=json.loads(d.input_schema_json) if d.input_schema_json else {},
+        output_schema=json.loads(d.output_schema_json) if d.output_schema_json else {},
+        side_effect=_SIDE_EFFECT_NAMES.get(d.side_effect, "write"),
+        tags=tuple(d.tags),
     )

@@ -26,7 +26,14 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from warden._cancel import CancelToken
-from warden._capability import CapabilitySpec, ErrorSpec, SideEffect, build_spec
+from warden._capability import (
+    CapabilitySpec,
+    DiscoveredCapability,
+    ErrorSpec,
+    SideEffect,
+    build_spec,
+    discovered_from_proto,
+)
 from warden._envelope import Envelope
 from warden._errors import CapabilityError, WardenError
 from warden._execution import AttemptRunner, CancelledAfterOutcome, uncancel
@@ -226,7 +233,7 @@ class Runtime:
     def invoke(
         self,
         capability_id: str,
-        input: Mapping[str, Any] | BaseModel,
+        input: Mapping[str, Any] | BaseModel | str,
         *,
         actor: str | None,
         context: Mapping[str, Any] | None = None,
@@ -257,7 +264,7 @@ class Runtime:
     async def ainvoke(
         self,
         capability_id: str,
-        input: Mapping[str, Any] | BaseModel,
+        input: Mapping[str, Any] | BaseModel | str,
         *,
         actor: str | None,
         context: Mapping[str, Any] | None = None,
@@ -272,7 +279,10 @@ class Runtime:
 
         Args:
             capability_id: e.g. ``orders.refund``.
-            input: The arguments (a mapping, or an instance of the input model).
+            input: The arguments: a mapping, an instance of the input model,
+                or JSON text exactly as a model wrote it. Text is sent as it
+                is, so text that is not JSON reaches the plane, which records
+                the attempt and answers INPUT_INVALID at stage ``adapter``.
             actor: The actor's JWT.
             context: Attributes for policies (``context`` in CEL).
             surface: ``direct`` (default), ``mcp`` or ``openai``.
@@ -377,6 +387,54 @@ class Runtime:
             envelope = await self._attempts.run(self._capabilities.get(call.capability_id), request)
         return replace(envelope, call_id=call.call_id, attempt=attempt)
 
+    # -- discovery ---------------------------------------------------------
+
+    def discover(
+        self,
+        *,
+        actor: str | None,
+        surface: str = "direct",
+        context: Mapping[str, Any] | None = None,
+    ) -> list[DiscoveredCapability]:
+        """The capabilities an actor may see on a surface; see ``adiscover``."""
+        return self._sync(self.adiscover(actor=actor, surface=surface, context=context))
+
+    async def adiscover(
+        self,
+        *,
+        actor: str | None,
+        surface: str = "direct",
+        context: Mapping[str, Any] | None = None,
+    ) -> list[DiscoveredCapability]:
+        """The capabilities of this service an actor may see on a surface.
+
+        Unexposed and hidden capabilities are simply absent, like unknown ones
+        (SI-8). Registers this runtime's capabilities first when needed.
+
+        Args:
+            actor: The actor's JWT.
+            surface: ``direct`` (default), ``mcp`` or ``openai``.
+            context: Attributes for policies (``context`` in CEL).
+
+        Raises:
+            CapabilityError: UNAUTHENTICATED when the plane refused the actor's
+                token (or the service's); GOVERNANCE_UNAVAILABLE when it could
+                not be asked.
+        """
+        try:
+            await self._ensure_registered()
+        except WardenError as exc:
+            raise CapabilityError(
+                "GOVERNANCE_UNAVAILABLE", retryable=exc.transient, cause=exc
+            ) from None
+        request = registry_pb2.ListCapabilitiesRequest(
+            actor_token=actor or "",
+            surface=surface,
+            context_json=compact_json(dict(context or {})),
+        )
+        response = await self._transport.list_capabilities(request)
+        return [discovered_from_proto(c) for c in response.capabilities]
+
     async def agrant_keys(self) -> list[GrantKey]:
         """The async twin of ``grant_keys``."""
         return await self._transport.grant_keys()
@@ -422,9 +480,11 @@ class Runtime:
         self.close()
 
 
-def _encode_input(value: Mapping[str, Any] | BaseModel) -> str:
+def _encode_input(value: Mapping[str, Any] | BaseModel | str) -> str:
     """The input as JSON text; anything that is not JSON becomes text the plane
     rejects as INPUT_INVALID at stage ``adapter`` (and records)."""
+    if isinstance(value, str):
+        return value
     if isinstance(value, BaseModel):
         return value.model_dump_json()
     try:

@@ -112,12 +112,22 @@ class Transport:
     async def list_capabilities(
         self, request: registry_pb2.ListCapabilitiesRequest
     ) -> registry_pb2.ListCapabilitiesResponse:
+        """Discovery for an actor; raises CapabilityError: UNAUTHENTICATED when
+        the plane refused a token, GOVERNANCE_UNAVAILABLE otherwise."""
         stubs = self._for_loop()
-        return await self._governed(
-            lambda: stubs.registry.ListCapabilities(
-                request, metadata=self._metadata, timeout=self._timeout_s
-            )
+        call = stubs.registry.ListCapabilities(
+            request, metadata=self._metadata, timeout=self._timeout_s
         )
+        try:
+            response: registry_pb2.ListCapabilitiesResponse = await call
+        except grpc.aio.AioRpcError as exc:
+            cause = PlaneRefusedError(exc.code().name, exc.details() or "", self.target)
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                # Unlike Begin, which answers a refused actor as a governed
+                # failure, discovery can only refuse the call itself.
+                raise CapabilityError("UNAUTHENTICATED", cause=cause) from None
+            raise governance_error(exc.code(), exc.details() or "", self.target) from None
+        return response
 
     async def _governed(self, call: Callable[[], Awaitable[T]]) -> T:
         try:

@@ -21,6 +21,7 @@ PUBLIC_NAMES = [
     "CapabilityError",
     "Context",
     "DeclaredError",
+    "DiscoveredCapability",
     "Envelope",
     "GrantClaims",
     "GrantKey",

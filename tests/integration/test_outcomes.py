@@ -176,6 +176,18 @@ def test_unparsable_arguments_fail_at_the_adapter_stage(
     assert (env.error.code, env.error.stage) == ("INPUT_INVALID", "adapter")
 
 
+def test_arguments_given_as_json_text_reach_the_plane_as_written(
+    lab_rt: warden.Runtime, lab_plant: Plant, lab: Lab
+) -> None:
+    env = lab_rt.invoke("orders.echo", '{"n": 2, "note": "text"}', actor=lab_plant.token())
+    assert env.status == "succeeded" and env.output == EchoOut(n=2, note="text")
+    env = lab_rt.invoke("orders.echo", '{"n": 2', actor=lab_plant.token())
+    assert env.error is not None
+    assert (env.error.code, env.error.stage) == ("INPUT_INVALID", "adapter")
+    assert decision(lab_plant, env.invocation_id)["reason"] == "input-not-json"
+    assert lab.count("echo") == 1
+
+
 def test_declared_error_is_exposed_with_its_message_and_details(
     lab_rt: warden.Runtime, lab_plant: Plant
 ) -> None:

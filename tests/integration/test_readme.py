@@ -7,27 +7,10 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import ROOT
-from warden_server.app import Server, serve
-from warden_server.config import load_config
-from warden_server.plane import Plane
-
-
-@pytest.fixture
-def dev_plane(tmp_path: Path) -> Iterator[Server]:
-    config = load_config(
-        ROOT / "warden.toml",
-        environ={},
-        overrides={"listen": "127.0.0.1:0", "store": str(tmp_path / "warden.db")},
-    )
-    server = serve(Plane.from_config(config), "127.0.0.1:0")
-    yield server
-    server.stop(grace=0)
+from warden_server.app import Server
 
 
 def readme_outcomes() -> list[tuple[str, str]]:
