@@ -12,7 +12,7 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel
 
-from warden._context import DeclaredError
+from warden._context import Authorizer, DeclaredError
 from warden._errors import WardenError
 from warden.shared.canonical import compact_json
 from warden.shared.schema import compile_validator
@@ -54,6 +54,7 @@ class CapabilitySpec:
     input_schema: dict[str, Any] = field(repr=False)
     output_schema: dict[str, Any] = field(repr=False)
     output_validator: Draft202012Validator = field(repr=False, compare=False)
+    authorize: Authorizer | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_async(self) -> bool:
@@ -92,6 +93,7 @@ def build_spec(
     tags: Sequence[str],
     description: str | None,
     version: str | None,
+    authorize: Authorizer | None = None,
 ) -> CapabilitySpec:
     """Check a decorated definition and derive its JSON Schemas.
 
@@ -130,6 +132,7 @@ def build_spec(
         input_schema=input_schema,
         output_schema=output_schema,
         output_validator=compile_validator(output_schema),
+        authorize=authorize,
     )
 
 

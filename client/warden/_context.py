@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,9 +72,16 @@ class Context:
         errors: The capability's declared errors: ``raise ctx.errors.NOT_ELIGIBLE()``.
         grant_token: The plane's signed grant for this invocation; pass it to a
             downstream service, which checks it with ``warden.verify_grant``.
+        capability_id: The capability being run.
     """
 
     actor: Actor
     invocation_id: str
     errors: DeclaredErrors
     grant_token: str = ""
+    capability_id: str = ""
+
+
+Authorizer = Callable[[Any, Context], "bool | Awaitable[bool]"]
+"""App middleware for pipeline step 6: given the validated input and the
+``Context``, True lets the handler run; False refuses with FORBIDDEN."""

@@ -13,18 +13,20 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import inspect
 import json
 import logging
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from warden._capability import CapabilitySpec
-from warden._context import Actor, Context, DeclaredErrors
+from warden._context import Actor, Authorizer, Context, DeclaredErrors
 from warden._envelope import Envelope, Status
 from warden._errors import CapabilityError, WardenError
 from warden._transport import Transport
@@ -70,7 +72,13 @@ class _Granted:
 class AttemptRunner:
     """Runs attempts against one plane, with one pool of handler threads."""
 
-    def __init__(self, transport: Transport, executor: concurrent.futures.Executor) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        executor: concurrent.futures.Executor,
+        authorizers: Sequence[Authorizer] = (),
+    ) -> None:
+        self._authorizers = authorizers
         self._transport = transport
         self._executor = executor
 
@@ -139,6 +147,7 @@ class AttemptRunner:
             invocation_id=granted.invocation_id,
             errors=DeclaredErrors(spec.errors),
             grant_token=grant.token,
+            capability_id=spec.id,
         )
         try:
             granted.secrets = sensitive_texts(json.loads(grant.input_json), spec.input_schema)
@@ -147,6 +156,9 @@ class AttemptRunner:
             issues = _pydantic_issues(exc) if isinstance(exc, ValidationError) else []
             error = CapabilityError("INPUT_INVALID", details={"issues": issues}, cause=exc)
             return await self._report(granted, error)
+        refusal = await self._authorize(spec, model, ctx)
+        if refusal is not None:
+            return await self._report(granted, refusal)
         # The plane granted the budget that applies: the capability's, or the
         # caller's when that is shorter.
         budget_s = grant.timeout_ms / 1000 if grant.timeout_ms else None
@@ -177,6 +189,29 @@ class AttemptRunner:
             error = CapabilityError("OUTPUT_INVALID", cause=exc)
             return await self._report(granted, error, executed=True)
         return await self._report(granted, None, output_json=output_json, output=output)
+
+    async def _authorize(
+        self, spec: CapabilitySpec, model: BaseModel, ctx: Context
+    ) -> CapabilityError | None:
+        """Step 6 on the service's side: app middleware, failing closed."""
+        checks = [*self._authorizers, *([spec.authorize] if spec.authorize else [])]
+        for check in checks:
+            try:
+                verdict = check(model, ctx)
+                if inspect.isawaitable(verdict):
+                    verdict = await verdict
+            except CapabilityError as raised:
+                if raised.code == "FORBIDDEN":
+                    return raised
+                return CapabilityError("INTERNAL_ERROR", stage="authorization", cause=raised)
+            except Exception as exc:
+                return CapabilityError("INTERNAL_ERROR", stage="authorization", cause=exc)
+            if verdict is not True:
+                name = getattr(check, "__qualname__", repr(check))
+                return CapabilityError(
+                    "FORBIDDEN", cause=PermissionError(f"refused by authorizer {name}")
+                )
+        return None
 
     async def _run(
         self, spec: CapabilitySpec, model: BaseModel, ctx: Context, ran: threading.Event

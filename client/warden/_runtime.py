@@ -34,6 +34,7 @@ from warden._capability import (
     build_spec,
     discovered_from_proto,
 )
+from warden._context import Authorizer
 from warden._envelope import Envelope
 from warden._errors import CapabilityError, WardenError
 from warden._execution import AttemptRunner, CancelledAfterOutcome, uncancel
@@ -46,6 +47,7 @@ from warden.v1 import governor_pb2, registry_pb2
 
 log = logging.getLogger("warden")
 F = TypeVar("F", bound=Callable[..., Any])
+A = TypeVar("A", bound=Authorizer)
 T = TypeVar("T")
 
 
@@ -147,7 +149,8 @@ class Runtime:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_handler_threads, thread_name_prefix="warden-handler"
         )
-        self._attempts = AttemptRunner(self._transport, self._executor)
+        self._authorizers: list[Authorizer] = []
+        self._attempts = AttemptRunner(self._transport, self._executor, self._authorizers)
         self._loop_thread: _LoopThread | None = None
         self._loop_lock = threading.Lock()
 
@@ -167,6 +170,7 @@ class Runtime:
         tags: Sequence[str] = (),
         description: str | None = None,
         version: str | None = None,
+        authorize: Authorizer | None = None,
     ) -> Callable[[F], F]:
         """Declare a capability served by the decorated handler.
 
@@ -174,6 +178,8 @@ class Runtime:
         returns the output model. ``side_effect`` defaults to ``write``, the
         assumption that never retries on its own; ``exposure`` defaults to
         every surface; ``description`` to the handler's docstring.
+        ``authorize`` is app middleware for this capability alone (see
+        ``authorizer``).
         """
 
         def decorate(handler: F) -> F:
@@ -192,11 +198,26 @@ class Runtime:
                 tags=tags,
                 description=description,
                 version=version,
+                authorize=authorize,
             )
             self._registered = False
             return handler
 
         return decorate
+
+    def authorizer(self, check: A) -> A:
+        """Register app middleware that runs for every capability of this runtime.
+
+        Pipeline step 6 on the service's side: after the plane granted the call
+        and before the handler runs, each authorizer (this runtime's, then the
+        capability's own) gets the validated input and the ``Context`` and
+        returns True to let the handler run. False refuses with FORBIDDEN at
+        stage ``authorization``; an exception fails closed as a concealed
+        INTERNAL_ERROR. Either way the handler does not run and the outcome is
+        audited. Async authorizers may await I/O; synchronous ones should be quick.
+        """
+        self._authorizers.append(check)
+        return check
 
     @property
     def capabilities(self) -> Mapping[str, CapabilitySpec]:
