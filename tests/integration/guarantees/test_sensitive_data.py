@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import warden
 from tests.conftest import ORDERS_TOKEN, Plant
@@ -74,6 +76,8 @@ def test_si5_a_sensitive_marker_appears_nowhere(
         redaction={"mode": mode, "hash_key": HASH_KEY},
         idempotency={"replay_key": "si5-replay-key-0123456789"},
     )
+    spans = InMemorySpanExporter()
+    plant.server.plane.telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     rt = build_payments(plant.target, ORDERS_TOKEN, ledger)
     try:
         envelopes = drive_every_path(rt, plant, marker)
@@ -108,6 +112,10 @@ def test_si5_a_sensitive_marker_appears_nowhere(
     assert marker.encode() not in store_bytes(plant)
     logged = caplog.text + "".join(capfd.readouterr())
     assert marker not in logged
+    exported = "\n".join(span.to_json() for span in spans.get_finished_spans())
+    assert "warden.policy" in exported, "the spans of every path were exported"
+    assert marker not in exported
+    assert marker not in plant.server.plane.telemetry.metrics.exposition().decode()
     # Error details and messages cross to models; output is the model's to
     # see unless marked model-hidden (sensitive is about records, not models).
     for env in envelopes.values():
