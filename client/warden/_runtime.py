@@ -145,7 +145,6 @@ class Runtime:
         self._capabilities: dict[str, CapabilitySpec] = {}
         self._versions: dict[str, str] = {}
         self._registered = False
-        self._register_lock = threading.Lock()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_handler_threads, thread_name_prefix="warden-handler"
         )
