@@ -29,11 +29,14 @@ from warden._capability import CapabilitySpec
 from warden._context import Actor, Authorizer, Context, DeclaredErrors
 from warden._envelope import Envelope, Status
 from warden._errors import CapabilityError, WardenError
-from warden._transport import Transport
+from warden._transport import PlaneRefusedError, Transport
 from warden.shared.canonical import compact_json
 from warden.shared.redaction import scrub_json, scrub_text, sensitive_texts
 from warden.shared.schema import strip_model_hidden, validation_issues
 from warden.v1 import errors_pb2, governor_pb2
+
+REPORT_RETRY_PAUSES_S = (0.05, 0.2, 1.0)
+"""Pauses between tries of an outcome report the plane could not take."""
 
 log = logging.getLogger("warden")
 
@@ -275,14 +278,29 @@ class AttemptRunner:
         return envelope
 
     async def _report_outcome(self, request: governor_pb2.CompleteRequest) -> None:
-        try:
-            await self._transport.complete(request)
-        except CapabilityError as report_error:
-            log.error(
-                "the outcome of invocation %s could not be reported: %s",
-                request.invocation_id,
-                report_error.cause,
-            )
+        """Report an outcome, trying again while the plane is briefly away.
+
+        The handler has run: losing its outcome would leave the audit log a
+        decision without an ending and turn an idempotency key ambiguous. A
+        report is safe to repeat; the plane refuses a second one for the same
+        invocation (ALREADY_EXISTS), which means an earlier try arrived.
+        """
+        for pause in (*REPORT_RETRY_PAUSES_S, None):
+            try:
+                await self._transport.complete(request)
+                return
+            except CapabilityError as report_error:
+                cause = report_error.cause
+                if isinstance(cause, PlaneRefusedError) and cause.code == "ALREADY_EXISTS":
+                    return
+                if not report_error.retryable or pause is None:
+                    log.error(
+                        "the outcome of invocation %s could not be reported: %s",
+                        request.invocation_id,
+                        cause,
+                    )
+                    return
+            await asyncio.sleep(pause)
 
 
 def _answer(

@@ -27,6 +27,14 @@ from warden.v1 import (
 
 T = TypeVar("T")
 
+CHANNEL_OPTIONS = (
+    # A plane that restarts is back within moments: reconnect on that scale,
+    # not after gRPC's default backoff of a second and more.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
 _TRANSIENT = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
 )
@@ -55,7 +63,7 @@ class Transport:
         if stubs is None:
             for stale in [lp for lp in self._stubs if lp.is_closed()]:
                 del self._stubs[stale]
-            stubs = _Stubs(grpc.aio.insecure_channel(self.target))
+            stubs = _Stubs(grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS))
             self._stubs[loop] = stubs
         return stubs
 
