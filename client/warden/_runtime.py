@@ -105,6 +105,30 @@ class _LoopThread:
         self.loop.close()
 
 
+async def _to_the_end(invocation: Coroutine[Any, Any, Envelope]) -> Envelope:
+    """Await an invocation in a task of its own, so it ends as the runtime means it
+    to even when the caller is cancelled.
+
+    A cancelled caller cancels the invocation once; the invocation then answers
+    ``cancelled`` and reports its outcome (SI-3). Hosts with level-triggered
+    cancellation (anyio cancel scopes, as in Starlette or the MCP SDK) cancel
+    again at every await; those repeats are absorbed here instead of cutting
+    the outcome report short. A cancellation that arrives before anything ran
+    still propagates.
+    """
+    task = asyncio.ensure_future(invocation)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            uncancel()
+            if not cancelled:
+                cancelled = True
+                task.cancel()
+    return task.result()
+
+
 def _settle(done: concurrent.futures.Future[T], task: asyncio.Task[T]) -> None:
     if task.cancelled():
         done.cancel()
@@ -335,6 +359,9 @@ class Runtime:
             timeout_ms=timeout_ms or 0,
             retry=retry or self.retry,
         )
+        return await _to_the_end(self._call_in_task(call, cancel))
+
+    async def _call_in_task(self, call: _Call, cancel: CancelToken | None) -> Envelope:
         with cancel.bound_to_current_task() if cancel else contextlib.nullcontext():
             return await self._call(call, cancel)
 

@@ -325,3 +325,28 @@ def test_resuming_with_an_approval_that_is_not_bound_to_the_call_is_denied(
     )
     assert pending.status == "suspended" and pending.approval_id == suspended.approval_id
     assert lab.count("echo") == 0
+
+
+def test_a_level_triggered_cancel_scope_cannot_cut_the_outcome_report_short(
+    lab_plant: Plant, lab: Lab
+) -> None:
+    import anyio
+
+    seen: list[warden.Envelope] = []
+
+    async def scenario() -> None:
+        rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
+        try:
+            await rt.aregister()
+            # anyio cancels again at every await until the scope is left.
+            with anyio.move_on_after(0.1):
+                seen.append(await rt.ainvoke("orders.aslow", {"n": 150}, actor=lab_plant.token()))
+        finally:
+            await rt.aclose()
+            rt.close()
+
+    anyio.run(scenario)
+    (env,) = seen
+    assert env.status == "cancelled" and lab.count("aslow") == 1
+    (row,) = lab_plant.events(invocation_id=env.invocation_id, kind="outcome")
+    assert (row["status"], row["code"]) == ("cancelled", "CANCELLED")

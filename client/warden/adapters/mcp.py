@@ -182,15 +182,14 @@ def serve_stdio(
 
 
 async def _invoke_to_the_end(invocation: Coroutine[Any, Any, Envelope]) -> Envelope:
-    """Await an invocation in a task of its own, so that it ends as the runtime
-    means it to even when the client cancels the request.
+    """Await an invocation so that a request the client cancels gets no answer,
+    as MCP requires, while the invocation still ends as ``cancelled`` and
+    reports its outcome.
 
-    The MCP SDK cancels a request's handler through an anyio cancel scope,
-    which cancels again at every await until the handler returns: awaited
-    there directly, the invocation could not finish reporting its outcome.
-    Here a cancelled request cancels the invocation once, waits, shielded, for
-    it to answer ``cancelled`` and report, and then lets the SDK drop the
-    answer, as MCP requires of a cancelled request.
+    The MCP SDK cancels a request's handler through an anyio cancel scope. The
+    runtime absorbs that scope's repeated cancellations until the outcome is
+    reported; here the wait is shielded the same way, and the cancellation is
+    raised again afterwards so the SDK drops the answer.
     """
     task = asyncio.ensure_future(invocation)
     try:
