@@ -201,19 +201,6 @@ def strip_model_hidden(value: JSONValue, schema: Schema) -> JSONValue:
     return None if stripped is _DROP else stripped
 
 
-def has_marking(schema: Schema, marking: str, marked: object) -> bool:
-    """Whether any subschema anywhere in ``schema`` carries ``marking: marked``."""
-
-    def visit(node: object) -> bool:
-        if isinstance(node, Mapping):
-            return node.get(marking) == marked or any(visit(v) for v in node.values())
-        if isinstance(node, list):
-            return any(visit(v) for v in node)
-        return False
-
-    return visit(schema)
-
-
 def _walk(
     value: JSONValue,
     schemas: list[Schema],

@@ -158,14 +158,6 @@ def _where(f: AuditFilter, scope: Scope, now: datetime, *, globs_by_time: bool =
     return where
 
 
-def where_clause(
-    f: AuditFilter, *, now: datetime, scope: Scope = None
-) -> tuple[str, dict[str, Any]]:
-    """The SQL condition over ``audit_events`` that ``f`` selects, and its bound values."""
-    where = _where(f, scope, now)
-    return where.sql, where.params
-
-
 def _globs(patterns: tuple[str, ...], params: dict[str, Any], *, by_time: bool) -> str:
     """Any of the capability globs.
 
