@@ -282,6 +282,7 @@ class AuditFilter(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
     since: _builtins.str
     """Inclusive. ISO 8601 (2026-01-02, 2026-01-02T03:04:05Z) or a duration
     back from now (90s, 15m, 1h, 7d).
@@ -295,6 +296,8 @@ class AuditFilter(_message.Message):
     status: _builtins.str
     kind: _builtins.str
     invocation_id: _builtins.str
+    seq: _builtins.int
+    """One record by its sequence number."""
     @_builtins.property
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Glob patterns over capability ids (orders.*); any may match."""
@@ -312,12 +315,15 @@ class AuditFilter(_message.Message):
         status: _builtins.str = ...,
         kind: _builtins.str = ...,
         invocation_id: _builtins.str = ...,
+        seq: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seq", b"_seq", "seq", b"seq"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "capabilities", b"capabilities", "code", b"code", "invocation_id", b"invocation_id", "kind", b"kind", "since", b"since", "stage", b"stage", "status", b"status", "tenant", b"tenant", "until", b"until"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seq", b"_seq", "actor", b"actor", "capabilities", b"capabilities", "code", b"code", "invocation_id", b"invocation_id", "kind", b"kind", "seq", b"seq", "since", b"since", "stage", b"stage", "status", b"status", "tenant", b"tenant", "until", b"until"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__seq: _TypeAlias = _typing.Literal["seq"]  # noqa: Y015
+    _WhichOneofArgType__seq: _TypeAlias = _typing.Literal["_seq", b"_seq"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seq) -> _WhichOneofReturnType__seq | None: ...
 
 Global___AuditFilter: _TypeAlias = AuditFilter  # noqa: Y015
 

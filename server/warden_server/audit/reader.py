@@ -61,6 +61,8 @@ class AuditFilter:
     status: str | None = None
     kind: str | None = None
     invocation: str | None = None
+    seq: int | None = None
+    """One record by its sequence number (``verify --anchor`` looks anchors up so)."""
 
     def to_json(self) -> dict[str, Any]:
         """The filter's set fields, for the access record of an audit read."""
@@ -75,6 +77,7 @@ class AuditFilter:
             "status": self.status,
             "kind": self.kind,
             "invocation": self.invocation,
+            "seq": self.seq,
         }
         return {key: value for key, value in fields.items() if value is not None}
 
@@ -137,6 +140,7 @@ def _where(f: AuditFilter, scope: Scope, now: datetime, *, globs_by_time: bool =
         "status": f.status,
         "kind": f.kind,
         "invocation_id": f.invocation,
+        "seq": f.seq,
     }
     if f.kind is not None and f.kind not in KINDS:
         raise InvalidRequest(f"unknown kind {f.kind!r} (known: {', '.join(KINDS)})")

@@ -16,6 +16,9 @@ from typing import Any, TypeVar
 
 import click
 
+from warden_server.audit.anchors import Anchor
+from warden_server.audit.anchors import check as anchors_check
+from warden_server.audit.anchors import head as anchors_head
 from warden_server.audit.checkpoint import CheckpointKeyError, CheckpointSigner
 from warden_server.audit.events import KINDS
 from warden_server.audit.reader import GROUPINGS, MAX_LIMIT, AuditFilter, Stats
@@ -191,24 +194,67 @@ def audit_stats(by: str, as_json: bool, **values: Any) -> None:
     type=click.Path(dir_okay=False, exists=True),
     help="The checkpoint key (PEM) when the log was pruned (default: [audit] checkpoint_key_file).",
 )
-def audit_verify(public_key: str | None, **values: Any) -> None:
+@click.option(
+    "--anchor",
+    "anchors",
+    multiple=True,
+    metavar="SEQ:HASH",
+    help="A head printed earlier by `warden audit head` and kept elsewhere: the record "
+    "at SEQ must still have HASH (catches a log cut short or rewritten). Repeatable.",
+)
+def audit_verify(public_key: str | None, anchors: tuple[str, ...], **values: Any) -> None:
     """Walk the hash chain; name the first bad sequence number."""
+    try:
+        expected = [Anchor.parse(text) for text in anchors]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--anchor") from None
     source = _source(values, public_key)
     try:
         result = source.verify()
+        problems = []
+        for anchor in expected if result.ok else []:
+            if anchor.seq < result.start_seq:
+                click.echo(f"anchor {anchor.seq}: pruned by retention, not checked", err=True)
+                continue
+            found = source.query(AuditFilter(seq=anchor.seq), limit=1, before=None).rows
+            newest = source.query(AuditFilter(), limit=1, before=None).rows
+            problem = anchors_check(
+                anchor, found[0] if found else None, newest[0] if newest else None
+            )
+            if problem:
+                problems.append(problem)
     finally:
         source.close()
     since = f" from seq {result.start_seq} (after the retention checkpoint)"
     where = since if result.start_seq > 1 else ""
-    if result.ok:
-        click.echo(f"ok: {result.checked} records{where}, chain intact")
-        return
-    click.echo(
-        f"TAMPERED at seq {result.first_bad_seq}: {result.problem} "
-        f"({result.checked} records verified before it{where})",
-        err=True,
-    )
-    sys.exit(1)
+    if not result.ok:
+        click.echo(
+            f"TAMPERED at seq {result.first_bad_seq}: {result.problem} "
+            f"({result.checked} records verified before it{where})",
+            err=True,
+        )
+        sys.exit(1)
+    if problems:
+        for problem in problems:
+            click.echo(f"TAMPERED: {problem}", err=True)
+        sys.exit(1)
+    held = f"; {len(expected)} anchors hold" if expected else ""
+    click.echo(f"ok: {result.checked} records{where}, chain intact{held}")
+
+
+@audit.command("head")
+@source_options
+def audit_head(**values: Any) -> None:
+    """Print the chain's head as SEQ:HASH, to keep somewhere else for `verify --anchor`."""
+    source = _source(values)
+    try:
+        page = source.query(AuditFilter(), limit=1, before=None)
+    finally:
+        source.close()
+    anchor = anchors_head(page.rows[0] if page.rows else None)
+    if anchor is None:
+        raise click.ClickException("the audit log is empty: there is no head yet")
+    click.echo(str(anchor))
 
 
 @audit.command("export")

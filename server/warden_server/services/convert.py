@@ -289,6 +289,7 @@ def audit_filter_from_proto(message: audit_pb2.AuditFilter) -> AuditFilter:
         status=message.status or None,
         kind=message.kind or None,
         invocation=message.invocation_id or None,
+        seq=message.seq if message.HasField("seq") else None,
     )
 
 
@@ -304,6 +305,7 @@ def audit_filter_to_proto(f: AuditFilter) -> audit_pb2.AuditFilter:
         status=f.status or "",
         kind=f.kind or "",
         invocation_id=f.invocation or "",
+        seq=f.seq,
     )
 
 
