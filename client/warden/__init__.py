@@ -22,9 +22,11 @@ from warden._markers import ModelHidden, Sensitive
 from warden._retry import NO_RETRY, RetryPolicy, may_retry
 from warden._runtime import RegisteredCapability, Runtime
 from warden.shared.grant_token import GrantClaims
+from warden.shared.tls import TLS
 
 __all__ = [
     "NO_RETRY",
+    "TLS",
     "Actor",
     "Approval",
     "ApprovalError",

@@ -19,6 +19,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, ConfigDict
 
 from warden._transport import ApprovalsTransport
+from warden.shared.tls import TLS
 from warden.v1 import approvals_pb2
 
 ApprovalState = Literal["pending", "approved", "denied", "expired", "consumed"]
@@ -93,11 +94,14 @@ class Approvals:
         target: The plane's ``host:port``.
         token: The approver's JWT.
         timeout_ms: How long to wait for each answer (not for ``watch``).
+        tls: How to reach a plane that serves TLS (``warden.TLS``); plaintext when None.
     """
 
-    def __init__(self, target: str, *, token: str, timeout_ms: int = 5_000) -> None:
+    def __init__(
+        self, target: str, *, token: str, timeout_ms: int = 5_000, tls: TLS | None = None
+    ) -> None:
         self.target = target
-        self._transport = ApprovalsTransport(target, token, timeout_s=timeout_ms / 1000)
+        self._transport = ApprovalsTransport(target, token, timeout_s=timeout_ms / 1000, tls=tls)
 
     def list(
         self, *, states: Sequence[ApprovalState] = ("pending",), limit: int = 100

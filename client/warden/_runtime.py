@@ -43,6 +43,7 @@ from warden._retry import RetryPolicy, may_retry
 from warden._tracing import in_invocation_trace
 from warden._transport import Transport
 from warden.shared.canonical import compact_json
+from warden.shared.tls import TLS
 from warden.v1 import governor_pb2, registry_pb2
 
 log = logging.getLogger("warden")
@@ -150,6 +151,7 @@ class Runtime:
         max_handler_threads: Threads that run synchronous handlers.
         retry: How calls retry by default (``RetryPolicy()``: up to three
             attempts); ``warden.NO_RETRY`` turns automatic retries off.
+        tls: How to reach a plane that serves TLS (``warden.TLS``); plaintext when None.
     """
 
     def __init__(
@@ -161,11 +163,12 @@ class Runtime:
         governance_timeout_ms: int = 5_000,
         max_handler_threads: int = 32,
         retry: RetryPolicy | None = None,
+        tls: TLS | None = None,
     ) -> None:
         self.target = target
         self.service = service
         self.retry = retry or RetryPolicy()
-        self._transport = Transport(target, token, timeout_s=governance_timeout_ms / 1000)
+        self._transport = Transport(target, token, timeout_s=governance_timeout_ms / 1000, tls=tls)
         self._capabilities: dict[str, CapabilitySpec] = {}
         self._versions: dict[str, str] = {}
         self._registered = False

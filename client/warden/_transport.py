@@ -13,6 +13,7 @@ import grpc.aio
 from warden._errors import ApprovalError, CapabilityError, WardenError
 from warden._grants import GrantKey
 from warden._tracing import trace_metadata
+from warden.shared.tls import TLS, TLSConfigError, aio_channel, credentials_of, sync_channel
 from warden.shared.wire import ACTOR_TOKEN_METADATA, BEARER, SERVICE_TOKEN_METADATA
 from warden.v1 import (
     approvals_pb2,
@@ -51,10 +52,13 @@ class _Stubs:
 class Transport:
     """Async gRPC access to the plane, one channel per event loop."""
 
-    def __init__(self, target: str, token: str, *, timeout_s: float) -> None:
+    def __init__(
+        self, target: str, token: str, *, timeout_s: float, tls: TLS | None = None
+    ) -> None:
         self.target = target
         self._metadata = ((SERVICE_TOKEN_METADATA, token),)
         self._timeout_s = timeout_s
+        self._credentials = _credentials(tls)
         self._stubs: dict[asyncio.AbstractEventLoop, _Stubs] = {}
 
     def _for_loop(self) -> _Stubs:
@@ -63,7 +67,7 @@ class Transport:
         if stubs is None:
             for stale in [lp for lp in self._stubs if lp.is_closed()]:
                 del self._stubs[stale]
-            stubs = _Stubs(grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS))
+            stubs = _Stubs(aio_channel(self.target, self._credentials, CHANNEL_OPTIONS))
             self._stubs[loop] = stubs
         return stubs
 
@@ -176,11 +180,13 @@ def governance_error(code: grpc.StatusCode, details: str, target: str) -> Capabi
 class ApprovalsTransport:
     """Synchronous gRPC access to the Approvals service with an approver's JWT."""
 
-    def __init__(self, target: str, token: str, *, timeout_s: float) -> None:
+    def __init__(
+        self, target: str, token: str, *, timeout_s: float, tls: TLS | None = None
+    ) -> None:
         self.target = target
         self._metadata = ((ACTOR_TOKEN_METADATA, f"{BEARER} {token}"),)
         self._timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(target)
+        self._channel = sync_channel(target, _credentials(tls))
         self._stub = approvals_pb2_grpc.ApprovalsStub(self._channel)
 
     def list(self, request: approvals_pb2.ListApprovalsRequest) -> list[approvals_pb2.Approval]:
@@ -245,3 +251,12 @@ def approval_error(exc: grpc.RpcError, target: str) -> ApprovalError:
     if code in _TRANSIENT:
         details = f"the plane at {target} did not answer: {details}"
     return ApprovalError(code.name, details, transient=code in _TRANSIENT)
+
+
+def _credentials(tls: TLS | None) -> grpc.ChannelCredentials | None:
+    """Read the TLS files once, when the client is made: a bad file is a
+    developer's error, not a governed failure."""
+    try:
+        return credentials_of(tls)
+    except TLSConfigError as exc:
+        raise WardenError(str(exc)) from None

@@ -27,6 +27,7 @@ from warden.v1 import (
 from warden_server.approvals.expiry import Sweeper
 from warden_server.audit.checkpoint import CheckpointSigner
 from warden_server.audit.retention import RetentionScheduler
+from warden_server.config import Config
 from warden_server.plane import Plane
 from warden_server.policy.model import parse_duration
 from warden_server.services.approvals import ApprovalsServicer
@@ -88,6 +89,26 @@ class Server:
         self.stop(grace=0.5)
 
 
+def server_credentials(config: Config) -> grpc.ServerCredentials | None:
+    """TLS for the plane's port when ``[server] tls_cert_file`` is set (and mutual
+    TLS with ``tls_client_ca_file``); None serves plaintext.
+
+    Raises:
+        OSError: a certificate or key file cannot be read.
+    """
+    section = config.server
+    if not section.tls_cert_file or not section.tls_key_file:
+        return None
+    key = config.path(section.tls_key_file).read_bytes()
+    chain = config.path(section.tls_cert_file).read_bytes()
+    client_ca = (
+        config.path(section.tls_client_ca_file).read_bytes() if section.tls_client_ca_file else None
+    )
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
 def serve(plane: Plane, listen: str | None = None) -> Server:
     """Start serving ``plane`` on ``listen`` (``host:port``; port 0 picks a free one).
 
@@ -121,7 +142,15 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     try:
-        port = server.add_insecure_port(listen)
+        credentials = server_credentials(plane.config)
+    except OSError as exc:
+        plane.close()
+        raise OSError(f"cannot serve TLS: {exc}") from None
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, credentials)
     except RuntimeError as exc:
         port = 0
         reason = str(exc)

@@ -33,6 +33,12 @@ class _Section(BaseModel):
 class ServerSection(_Section):
     listen: str = "127.0.0.1:50051"
     """host:port the gRPC server binds; port 0 picks a free port."""
+    tls_cert_file: str | None = None
+    """PEM certificate chain: with ``tls_key_file``, the plane serves TLS only."""
+    tls_key_file: str | None = None
+    """The private key of ``tls_cert_file``."""
+    tls_client_ca_file: str | None = None
+    """PEM CA certificates: clients must present a certificate they signed (mutual TLS)."""
     store: str = "var/warden.db"
     """The audit and registry store: a SQLite file path."""
     policies: str = "policies"
@@ -70,6 +76,14 @@ class ServerSection(_Section):
                 f"max_approval_watchers ({self.max_approval_watchers}) must be below workers "
                 f"({self.workers}): each watch stream holds a worker thread"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tls_files_together(self) -> ServerSection:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set tls_cert_file and tls_key_file together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
         return self
 
 

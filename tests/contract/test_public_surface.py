@@ -32,6 +32,7 @@ PUBLIC_NAMES = [
     "RetryPolicy",
     "Runtime",
     "Sensitive",
+    "TLS",
     "WardenError",
     "may_retry",
     "unwrap",

@@ -7,6 +7,7 @@ a running plane with the approver's own JWT.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -42,7 +43,10 @@ def approvals() -> None:
 @contextmanager
 def _client(target: str, token: str) -> Iterator[warden.Approvals]:
     """The client, with the plane's refusals turned into one clear message."""
-    client = warden.Approvals(target, token=token)
+    try:
+        client = warden.Approvals(target, token=token, tls=warden.TLS.from_environ(os.environ))
+    except (warden.WardenError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         yield client
     except warden.ApprovalError as exc:

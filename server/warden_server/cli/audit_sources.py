@@ -14,12 +14,14 @@ from typing import Any, Protocol, TypeVar
 import click
 import grpc
 
+from warden.shared.tls import sync_channel
 from warden.shared.wire import ACTOR_TOKEN_METADATA, BEARER
 from warden.v1 import audit_pb2, audit_pb2_grpc
 from warden_server.audit import reader
 from warden_server.audit.chain import VerifyResult
 from warden_server.audit.checkpoint import CheckpointKeyError, CheckpointVerifier
 from warden_server.audit.reader import AuditFilter, Page, Stats
+from warden_server.cli.common import tls_credentials as _tls_credentials
 from warden_server.errors import RequestError
 from warden_server.services import convert
 from warden_server.store import SQLiteStore
@@ -72,7 +74,7 @@ class RemoteSource:
 
     def __init__(self, target: str, token: str, *, timeout_s: float = 30.0) -> None:
         self._target = target
-        self._channel = grpc.insecure_channel(target)
+        self._channel = sync_channel(target, _tls_credentials())
         self._stub = audit_pb2_grpc.AuditStub(self._channel)
         self._metadata = ((ACTOR_TOKEN_METADATA, f"{BEARER} {token}"),)
         self._timeout_s = timeout_s

@@ -8,7 +8,9 @@ import sqlite3
 from pathlib import Path
 
 import click
+import grpc
 
+from warden.shared.tls import TLS, TLSConfigError, credentials_of
 from warden_server.config import Config, ConfigError, load_config
 from warden_server.store import SQLiteStore
 
@@ -40,3 +42,12 @@ def open_store(config_path: str, store: str | None) -> SQLiteStore:
         return SQLiteStore(path)
     except sqlite3.DatabaseError as exc:
         raise click.ClickException(f"{path}: not a Warden store ({exc})") from None
+
+
+def tls_credentials() -> grpc.ChannelCredentials | None:
+    """TLS for ``--target`` connections, from WARDEN_TLS_CA_FILE, WARDEN_TLS_CERT_FILE
+    and WARDEN_TLS_KEY_FILE; None (plaintext) when none is set."""
+    try:
+        return credentials_of(TLS.from_environ(os.environ))
+    except TLSConfigError as exc:
+        raise click.ClickException(str(exc)) from None

@@ -11,7 +11,9 @@ from typing import Any, TypeVar
 import click
 import grpc
 
+from warden.shared.tls import sync_channel
 from warden.v1 import policy_pb2, policy_pb2_grpc
+from warden_server.cli.common import tls_credentials as _tls_credentials
 from warden_server.errors import InvalidRequest
 from warden_server.policy.engine import PolicySet
 from warden_server.policy.inputs import InputSchema, schemas_from_snapshot
@@ -279,7 +281,7 @@ def _list_capabilities(
 
 def _remote(target: str, call: Callable[[policy_pb2_grpc.PoliciesStub], R]) -> R:
     """One call to a plane's Policies service; gRPC errors become one clear message."""
-    with grpc.insecure_channel(target) as channel:
+    with sync_channel(target, _tls_credentials()) as channel:
         try:
             return call(policy_pb2_grpc.PoliciesStub(channel))
         except grpc.RpcError as exc:
