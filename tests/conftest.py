@@ -143,6 +143,10 @@ def dev_plane(tmp_path: Path) -> Iterator[Server]:
         environ={},
         overrides={"listen": "127.0.0.1:0", "store": str(tmp_path / "warden.db")},
     )
+    # The metrics port of warden.toml may be taken by a plane from `make run`.
+    config = config.model_copy(
+        update={"telemetry": config.telemetry.model_copy(update={"metrics_listen": None})}
+    )
     server = serve(Plane.from_config(config), "127.0.0.1:0")
     yield server
     server.stop(grace=0)
