@@ -10,13 +10,13 @@ check, the cheapest round trip the plane answers. Targets:
   throughput of one caller: durable writes are group-committed, not queued
   one fsync at a time. Caller and plane are CPU-bound Python processes, so on
   two cores the ceiling is about 2x; runs here measure 1.4x to 1.6x.
+
+Quick mode makes a few dozen calls and judges no figure.
 """
 
 from __future__ import annotations
 
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,12 +28,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import BaseModel
 
 import warden
+from benchmarks import plane, verdict, write_results
 from warden_server.auth.actors import mint_token
 from warden_server.config import load_config
 
 SEQUENTIAL_TARGET = 60.0
 CONCURRENT_TARGET = 1.2
 CALLS = 300
+QUICK_CALLS = 30
 THREADS = 8
 
 POLICIES = """
@@ -55,37 +57,16 @@ class Echo(BaseModel):
     note: str = ""
 
 
-def run() -> bool:
+def run(quick: bool = False) -> bool:
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         (root / "policies").mkdir()
         (root / "policies" / "bench.yaml").write_text(POLICIES)
         (root / "warden.toml").write_text(CONFIG)
-        port = _free_port()
-        plane = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "warden_server.cli",
-                "serve",
-                "--config",
-                str(root / "warden.toml"),
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--log-level",
-                "WARNING",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            target = f"127.0.0.1:{port}"
-            _wait_until_serving(target)
-            config = load_config(root / "warden.toml", environ={})
-            return _measure(target, mint_token(config, subject="b", roles=["member"]))
-        finally:
-            plane.terminate()
-            plane.wait(timeout=10)
+        config = load_config(root / "warden.toml", environ={})
+        actor = mint_token(config, subject="b", roles=["member"])
+        with plane(root / "warden.toml") as target:
+            return _measure(target, actor, QUICK_CALLS if quick else CALLS, quick)
 
 
 CONFIG = """
@@ -106,28 +87,7 @@ replay_key = "bench-only-replay-key-0123456789"
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _wait_until_serving(target: str, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    with grpc.insecure_channel(target) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        while True:
-            try:
-                health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                return
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-
-def _measure(target: str, actor: str) -> bool:
+def _measure(target: str, actor: str, calls: int, quick: bool) -> bool:
     rt = warden.Runtime(target, service="bench", token="bench-token")  # noqa: S106 (a test token)
 
     @rt.capability("bench.echo", input=Echo, output=Echo, side_effect="read")
@@ -140,7 +100,7 @@ def _measure(target: str, actor: str) -> bool:
         check = health_pb2.HealthCheckRequest(service="")
         for _ in range(50):
             health.Check(check)
-        bare = _median_seconds(lambda: health.Check(check), CALLS)
+        bare = _median_seconds(lambda: health.Check(check), calls)
 
     def call(i: int = 0) -> None:
         envelope = rt.invoke("bench.echo", {"n": i, "note": "x"}, actor=actor)
@@ -148,16 +108,16 @@ def _measure(target: str, actor: str) -> bool:
 
     for _ in range(20):
         call()
-    governed = _median_seconds(call, CALLS // 2)
+    governed = _median_seconds(call, calls // 2)
 
     started = time.perf_counter()
-    for i in range(CALLS):
+    for i in range(calls):
         call(i)
-    one_caller = CALLS / (time.perf_counter() - started)
+    one_caller = calls / (time.perf_counter() - started)
     with ThreadPoolExecutor(THREADS) as pool:
         started = time.perf_counter()
-        list(pool.map(call, range(CALLS)))
-        many_callers = CALLS / (time.perf_counter() - started)
+        list(pool.map(call, range(calls)))
+        many_callers = calls / (time.perf_counter() - started)
     rt.close()
 
     ratio = governed / bare
@@ -168,14 +128,28 @@ def _measure(target: str, actor: str) -> bool:
     print(f"  bare gRPC round trip       {bare * 1e3:7.3f} ms (baseline)")
     print(
         f"  governed call              {governed * 1e3:7.3f} ms  ratio {ratio:5.1f}x "
-        f"(target <= {SEQUENTIAL_TARGET:g}x)  {'ok' if ok_sequential else 'MISSED'}"
+        f"(target <= {SEQUENTIAL_TARGET:g}x)  {verdict(ok_sequential, quick)}"
     )
     print(f"  throughput, 1 caller       {one_caller:7.0f} calls/s (baseline)")
     print(
         f"  throughput, {THREADS} callers      {many_callers:7.0f} calls/s  ratio {speedup:5.2f}x "
-        f"(target >= {CONCURRENT_TARGET:g}x)  {'ok' if ok_concurrent else 'MISSED'}"
+        f"(target >= {CONCURRENT_TARGET:g}x)  {verdict(ok_concurrent, quick)}"
     )
-    return ok_sequential and ok_concurrent
+    ok = ok_sequential and ok_concurrent
+    figures = {
+        "calls": calls,
+        "bare_round_trip_ms": bare * 1e3,
+        "governed_call_ms": governed * 1e3,
+        "governed_ratio": ratio,
+        "governed_ratio_target_at_most": SEQUENTIAL_TARGET,
+        "throughput_1_caller_per_s": one_caller,
+        f"throughput_{THREADS}_callers_per_s": many_callers,
+        "concurrency_speedup": speedup,
+        "concurrency_speedup_target_at_least": CONCURRENT_TARGET,
+        "ok": ok,
+    }
+    write_results("pipeline", figures, ok=ok, quick=quick)
+    return True if quick else ok
 
 
 def _median_seconds(action: object, times: int) -> float:
@@ -189,4 +163,4 @@ def _median_seconds(action: object, times: int) -> float:
 
 
 if __name__ == "__main__":
-    raise SystemExit(0 if run() else 1)
+    raise SystemExit(0 if run(quick="--quick" in sys.argv[1:]) else 1)
