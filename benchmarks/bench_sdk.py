@@ -1,0 +1,290 @@
+"""The SDK's cost, end to end, against a plane running as ``warden serve`` in
+its own process.
+
+1. Overhead at one call in flight: ``Runtime.invoke`` of a trivial handler,
+   minus the handler's own time, is what governance adds to a call (Begin,
+   Complete, validation, two durable audit records). Reported beside the
+   baseline of a bare unary gRPC round trip (a health check) measured in the
+   same run. Target: p50 overhead under ``OVERHEAD_P50_TARGET_MS``.
+2. Load: ``CONCURRENCY`` concurrent ``ainvoke`` calls on one asyncio event
+   loop and one Runtime, sustained for ``DURATION_S``: throughput, p50, p99,
+   errors. Targets: p99 under ``LOAD_P99_TARGET_S`` and no errors; afterwards
+   ``warden audit verify --config FILE`` must find the hash chain intact.
+
+Quick mode: 30 sequential calls, then 20 concurrent callers for 2 s; no figure
+is judged, but the chain must still verify.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import BaseModel
+
+import warden
+from benchmarks import percentile, plane, verdict, warden_command, write_results
+from warden_server.auth.actors import mint_token
+from warden_server.config import load_config
+
+OVERHEAD_P50_TARGET_MS = 2.0
+LOAD_P99_TARGET_S = 1.0
+SEQUENTIAL_CALLS = 500
+CONCURRENCY = 500
+DURATION_S = 60.0
+QUICK_SEQUENTIAL_CALLS = 30
+QUICK_CONCURRENCY = 20
+QUICK_DURATION_S = 2.0
+
+POLICIES = """
+rules:
+  - id: members-may-echo
+    capabilities: ["bench.*"]
+    effect: allow
+    when: '"member" in actor.roles && input.n >= 0'
+  - id: no-big-numbers
+    capabilities: ["bench.echo"]
+    effect: deny
+    when: input.n > 1000000
+    message: "Use a smaller number."
+"""
+
+CONFIG = """
+[server]
+store = "warden.db"
+policies = "policies"
+
+[actors]
+hs256_secret = "bench-only-secret-0123456789abcdef"
+
+[services.bench]
+token = "bench-token"
+namespaces = ["bench"]
+
+[idempotency]
+replay_key = "bench-only-replay-key-0123456789"
+"""
+SERVICE_TOKEN = "bench-token"  # noqa: S105 (a benchmark's own token)
+
+
+class Echo(BaseModel):
+    n: int
+    note: str = ""
+
+
+@dataclass
+class Load:
+    """What the concurrent callers saw."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    retried: int = 0
+    seconds: float = 0.0
+
+    @property
+    def calls(self) -> int:
+        return len(self.latencies)
+
+
+def run(quick: bool = False) -> bool:
+    with tempfile.TemporaryDirectory(prefix="warden-bench-") as folder:
+        root = Path(folder)
+        (root / "policies").mkdir()
+        (root / "policies" / "bench.yaml").write_text(POLICIES)
+        config_file = root / "warden.toml"
+        config_file.write_text(CONFIG)
+        actor = mint_token(
+            load_config(config_file, environ={}), subject="b", roles=["member"], ttl_seconds=7200
+        )
+        with plane(config_file) as target:
+            bare, overhead, handler = _overhead(
+                target, actor, QUICK_SEQUENTIAL_CALLS if quick else SEQUENTIAL_CALLS
+            )
+            concurrency = QUICK_CONCURRENCY if quick else CONCURRENCY
+            duration = QUICK_DURATION_S if quick else DURATION_S
+            load = asyncio.run(_load(target, actor, concurrency, duration))
+            verified = subprocess.run(
+                [*warden_command(), "audit", "verify", "--config", str(config_file)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+    return _report(bare, overhead, handler, load, concurrency, duration, verified, quick)
+
+
+def _overhead(target: str, actor: str, calls: int) -> tuple[list[float], list[float], list[float]]:
+    """Bare round trips, and invoke latency minus handler time, at one in flight."""
+    with grpc.insecure_channel(target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        check = health_pb2.HealthCheckRequest(service="")
+        for _ in range(50):
+            health.Check(check)
+        bare = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            health.Check(check)
+            bare.append(time.perf_counter() - started)
+
+    rt = _runtime(target)
+    handler_seconds = [0.0]
+
+    @rt.capability("bench.echo", input=Echo, output=Echo, side_effect="read")
+    def echo(inp: Echo, ctx: warden.Context) -> Echo:
+        started = time.perf_counter()
+        out = Echo(n=inp.n, note=inp.note)
+        handler_seconds[0] = time.perf_counter() - started
+        return out
+
+    try:
+        rt.register()
+        for i in range(20):
+            _expect_success(rt.invoke("bench.echo", {"n": i, "note": "x"}, actor=actor))
+        overhead, handler = [], []
+        for i in range(calls):
+            handler_seconds[0] = 0.0
+            started = time.perf_counter()
+            envelope = rt.invoke("bench.echo", {"n": i, "note": "x"}, actor=actor)
+            latency = time.perf_counter() - started
+            _expect_success(envelope)
+            handler.append(handler_seconds[0])
+            overhead.append(latency - handler_seconds[0])
+    finally:
+        rt.close()
+    return bare, overhead, handler
+
+
+async def _load(target: str, actor: str, concurrency: int, duration: float) -> Load:
+    """``concurrency`` callers, each invoking again as soon as its call returns."""
+    rt = _runtime(target)
+
+    @rt.capability("bench.echo", input=Echo, output=Echo, side_effect="read")
+    def echo(inp: Echo, ctx: warden.Context) -> Echo:
+        return inp
+
+    load = Load()
+    try:
+        await rt.aregister()
+        deadline = time.perf_counter() + duration
+
+        async def caller() -> None:
+            i = 0
+            while time.perf_counter() < deadline:
+                started = time.perf_counter()
+                try:
+                    envelope = await rt.ainvoke("bench.echo", {"n": i, "note": "x"}, actor=actor)
+                except Exception as exc:
+                    load.errors[f"raised {type(exc).__name__}"] += 1
+                else:
+                    if envelope.status != "succeeded":
+                        code = envelope.error.code if envelope.error else "?"
+                        load.errors[f"{envelope.status} {code}"] += 1
+                    if envelope.attempt > 1:
+                        load.retried += 1
+                load.latencies.append(time.perf_counter() - started)
+                i += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        load.seconds = time.perf_counter() - started
+    finally:
+        await rt.aclose()
+        rt.close()
+    return load
+
+
+def _runtime(target: str) -> warden.Runtime:
+    return warden.Runtime(target, service="bench", token=SERVICE_TOKEN)
+
+
+def _expect_success(envelope: warden.Envelope) -> None:
+    if envelope.status != "succeeded":
+        raise RuntimeError(f"a benchmark call did not succeed: {envelope}")
+
+
+def _report(
+    bare: list[float],
+    overhead: list[float],
+    handler: list[float],
+    load: Load,
+    concurrency: int,
+    duration: float,
+    verified: subprocess.CompletedProcess[str],
+    quick: bool,
+) -> bool:
+    bare_p50, bare_p99 = percentile(bare, 50), percentile(bare, 99)
+    over_p50, over_p99 = percentile(overhead, 50), percentile(overhead, 99)
+    ok_overhead = over_p50 * 1e3 < OVERHEAD_P50_TARGET_MS
+    load_p50, load_p99 = percentile(load.latencies, 50), percentile(load.latencies, 99)
+    errors = sum(load.errors.values())
+    ok_latency = load_p99 < LOAD_P99_TARGET_S
+    ok_errors = errors == 0
+    chain_intact = verified.returncode == 0 and "chain intact" in verified.stdout
+    throughput = load.calls / load.seconds if load.seconds else 0.0
+
+    print(f"sdk: Runtime.invoke of a trivial handler, 1 in flight ({len(overhead)} calls)")
+    print(f"  bare gRPC round trip   p50 {bare_p50 * 1e3:7.3f} ms  p99 {bare_p99 * 1e3:7.3f} ms")
+    print(
+        f"  invoke overhead        p50 {over_p50 * 1e3:7.3f} ms  p99 {over_p99 * 1e3:7.3f} ms"
+        f"  ({over_p50 / bare_p50:.1f}x / {over_p99 / bare_p99:.1f}x the bare round trip; "
+        f"handler p50 {percentile(handler, 50) * 1e6:.0f} us)"
+    )
+    print(
+        f"  p50 overhead < {OVERHEAD_P50_TARGET_MS:g} ms: "
+        f"{over_p50 * 1e3:.3f} ms  {verdict(ok_overhead, quick)}"
+    )
+    print(f"sdk: {concurrency} concurrent ainvoke callers for {duration:g} s, one Runtime")
+    print(
+        f"  {load.calls:,} calls in {load.seconds:.1f} s: {throughput:,.0f} calls/s; "
+        f"p50 {load_p50 * 1e3:.1f} ms, p99 {load_p99 * 1e3:.1f} ms "
+        f"({load_p50 / bare_p50:,.0f}x / {load_p99 / bare_p99:,.0f}x the bare round trip); "
+        f"{load.retried:,} needed a retry"
+    )
+    print(
+        f"  p99 < {LOAD_P99_TARGET_S * 1e3:g} ms: {load_p99 * 1e3:.1f} ms  "
+        f"{verdict(ok_latency, quick)}"
+    )
+    detail = ", ".join(f"{n:,} {what}" for what, n in load.errors.most_common())
+    print(
+        f"  errors = 0: {errors:,}{f' ({detail})' if detail else ''}  {verdict(ok_errors, quick)}"
+    )
+    answer = (verified.stdout + verified.stderr).strip()
+    print(f"  warden audit verify: {answer}  {'ok' if chain_intact else 'FAILED'}")
+
+    ok = ok_overhead and ok_latency and ok_errors and chain_intact
+    figures = {
+        "sequential_calls": len(overhead),
+        "bare_round_trip_p50_ms": bare_p50 * 1e3,
+        "bare_round_trip_p99_ms": bare_p99 * 1e3,
+        "invoke_overhead_p50_ms": over_p50 * 1e3,
+        "invoke_overhead_p99_ms": over_p99 * 1e3,
+        "invoke_overhead_p50_ratio_to_bare": over_p50 / bare_p50,
+        "invoke_overhead_p50_target_ms_below": OVERHEAD_P50_TARGET_MS,
+        "load_concurrency": concurrency,
+        "load_duration_s": load.seconds,
+        "load_calls": load.calls,
+        "load_throughput_per_s": throughput,
+        "load_p50_ms": load_p50 * 1e3,
+        "load_p99_ms": load_p99 * 1e3,
+        "load_p99_target_ms_below": LOAD_P99_TARGET_S * 1e3,
+        "load_errors": errors,
+        "load_errors_by_kind": dict(load.errors),
+        "load_retried": load.retried,
+        "audit_chain_intact": chain_intact,
+        "audit_verify_output": answer,
+        "ok": ok,
+    }
+    write_results("sdk", figures, ok=ok, quick=quick)
+    # Even a quick run must leave an intact chain: that is correctness, not speed.
+    return chain_intact if quick else ok
+
+
+if __name__ == "__main__":
+    raise SystemExit(0 if run(quick="--quick" in sys.argv[1:]) else 1)
