@@ -45,6 +45,11 @@ class ServerSection(_Section):
     """The folder of policy files."""
     default_effect: Literal["allow", "deny"] = "deny"
     """The decision when no rule matches. Deny fails closed."""
+    evaluator: Literal["cel-cpp", "cel-python"] = "cel-cpp"
+    """The CEL runtime that evaluates policies. ``cel-cpp`` (Google's C++ CEL)
+    serves a policy set only when it agrees with ``cel-python``, the reference,
+    on every test case of the folder's ``tests/``; otherwise the reference
+    serves it and the log says why."""
     watch_policies: bool = True
     """Reload the policy folder when its files change; a set with problems
     never replaces the one in force (SI-12)."""

@@ -29,6 +29,7 @@ from warden_server.policy.loader import (
     compile_policies,
     read_policy_folder,
 )
+from warden_server.policy.serving import evaluator_for, serving
 from warden_server.registry import Registry
 from warden_server.store import Store
 
@@ -173,11 +174,13 @@ class PolicyReloader:
 
 
 def _compile(config: Config, source: PolicySource, registry: Registry) -> PolicySet:
-    return compile_policies(
+    compiled = compile_policies(
         source,
         default_effect=config.server.default_effect,
+        evaluator=evaluator_for(config.server.evaluator),
         capabilities=input_schemas(registry),
     )
+    return serving(compiled, source.directory)
 
 
 def _record_load(

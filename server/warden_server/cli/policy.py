@@ -19,6 +19,7 @@ from warden_server.policy.engine import PolicySet
 from warden_server.policy.inputs import InputSchema, schemas_from_snapshot
 from warden_server.policy.loader import PolicyLoadError, Problem, load_policies
 from warden_server.policy.model import json_schema
+from warden_server.policy.serving import evaluator_for
 from warden_server.policy.testing import load_test_cases, run_policy_tests
 from warden_server.registry import CapabilityDefinition, Registry
 from warden_server.services import convert
@@ -125,7 +126,8 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
     except re.error as exc:
         raise click.BadParameter(f"not a regular expression: {exc}", param_hint="--run") from None
     try:
-        policies = load_policies(directory)
+        # Compiled for the fast evaluator, whose reference twin runs every case too.
+        policies = load_policies(directory, evaluator=evaluator_for("cel-cpp"))
     except PolicyLoadError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None
@@ -140,6 +142,12 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
         if not case.passed:
             shown = {k: case.actual.get(k) for k in case.expected}
             line += f"\n      {case.file}\n      expected {case.expected}\n      got      {shown}"
+            if case.disagreement is not None:
+                d = case.disagreement
+                line += (
+                    f"\n      the evaluators disagree:\n      {d.reference_name:<10} {d.reference}"
+                    f"\n      {d.fast_name:<10} {d.fast}"
+                )
         click.echo(line)
     coverage = report.coverage * 100
     if as_json:

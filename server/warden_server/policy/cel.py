@@ -70,6 +70,9 @@ class Program(Protocol):
     comprehension_depth: int
     """How deeply comprehensions (all, exists, map, filter) nest: each level
     multiplies the work by the length of a list."""
+    reference: Program
+    """The same expression compiled by the reference evaluator (itself, for a
+    reference program): what a faster program is compared with."""
 
     def evaluate(self, activation: Activation) -> Any:
         """The expression's value as plain Python (bool, str, int, ...).
@@ -81,6 +84,11 @@ class Program(Protocol):
 
 
 class Evaluator(Protocol):
+    name: str
+    """How the evaluator is named in logs, audit records and policy test reports."""
+    reference: Evaluator
+    """The reference evaluator (itself, for the reference)."""
+
     def compile(self, expression: str) -> Program:
         """Parse and prepare an expression.
 
@@ -110,6 +118,7 @@ class _CelProgram:
         self.size = sum(1 for _ in tree.iter_subtrees())
         self.depth = _depth(tree)
         self.comprehension_depth = _comprehension_depth(tree)
+        self.reference: Program = self
 
     def evaluate(self, activation: Activation) -> Any:
         assert isinstance(activation, _CelActivation)
@@ -134,8 +143,11 @@ class CelPythonEvaluator:
     program serves every request thread.
     """
 
+    name = "cel-python"
+
     def __init__(self) -> None:
         self._env = celpy.Environment()
+        self.reference: Evaluator = self
 
     def compile(self, expression: str) -> Program:
         try:

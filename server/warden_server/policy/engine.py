@@ -6,8 +6,8 @@ evaluates only the rules whose globs match its capability (``GlobIndex``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from warden_server.policy.cel import Activation, EvaluationError, Evaluator, Program
@@ -32,6 +32,15 @@ class CompiledRule:
     @property
     def enforced(self) -> bool:
         return self.rule.mode == "enforce"
+
+    def with_reference_programs(self) -> CompiledRule:
+        """This rule with every expression compiled by the reference evaluator."""
+        return replace(
+            self,
+            when=self.when.reference,
+            message_expr=self.message_expr.reference if self.message_expr else None,
+            approvers=self.approvers.reference if self.approvers else None,
+        )
 
     def applies_to(self, capability_id: str) -> bool:
         return any(matches(capability_id, glob) for glob in self.rule.capabilities)
@@ -104,13 +113,40 @@ class PolicySet:
     evaluator: Evaluator
     default_effect: Literal["allow", "deny"] = "deny"
     _index: GlobIndex = field(init=False, repr=False)
+    _for: dict[str, _RulesFor] = field(init=False, repr=False, default_factory=dict)
+    """The rules of each capability asked about, split by kind, found once."""
 
     def __post_init__(self) -> None:
         self._index = GlobIndex(r.rule.capabilities for r in self.rules)
 
+    def reference(self) -> PolicySet:
+        """The same set evaluated by the reference evaluator (itself when it is)."""
+        if self.evaluator.reference is self.evaluator:
+            return self
+        return PolicySet(
+            revision=self.revision,
+            rules=tuple(rule.with_reference_programs() for rule in self.rules),
+            files=self.files,
+            evaluator=self.evaluator.reference,
+            default_effect=self.default_effect,
+        )
+
     def rules_for(self, capability_id: str) -> tuple[CompiledRule, ...]:
         """The rules whose globs match the capability, in load order."""
         return tuple(self.rules[p] for p in self._index.positions(capability_id))
+
+    def _rules_of(self, capability_id: str) -> _RulesFor:
+        found = self._for.get(capability_id)
+        if found is None:
+            rules = self.rules_for(capability_id)
+            found = _RulesFor(
+                hide=tuple(r for r in rules if r.rule.effect == "hide"),
+                decide=tuple(r for r in rules if r.rule.effect != "hide"),
+            )
+            # Only registered ids get this far (an unknown id fails at resolve),
+            # so the cache is bounded by the registry.
+            self._for[capability_id] = found
+        return found
 
     def activation(
         self, variables: Mapping[str, Any], base: Activation | None = None
@@ -125,7 +161,7 @@ class PolicySet:
         A hide rule that fails to evaluate conceals too: revealing that a
         capability exists is itself a disclosure.
         """
-        hides = [r for r in self.rules_for(capability_id) if r.rule.effect == "hide"]
+        hides = self._rules_of(capability_id).hide
         results = tuple(_evaluate(rule, activation) for rule in hides)
         enforced = _hide_outcome(hides, results, enforced_only=True)
         decision = Decision(enforced[0], self.revision, enforced[1], None, results)
@@ -142,7 +178,7 @@ class PolicySet:
         (``error``). Audit-mode rules are evaluated alongside and only
         recorded, in ``would_have``.
         """
-        rules = [r for r in self.rules_for(capability_id) if r.rule.effect != "hide"]
+        rules = self._rules_of(capability_id).decide
         results = [_evaluate(rule, activation) for rule in rules]
         decision = self._decision(rules, results, activation, enforced_only=True)
         if any(not r.enforced for r in rules):
@@ -153,7 +189,7 @@ class PolicySet:
 
     def _decision(
         self,
-        rules: list[CompiledRule],
+        rules: Sequence[CompiledRule],
         results: list[RuleResult],
         activation: Activation,
         *,
@@ -194,7 +230,7 @@ def would_have(visibility: Decision, decision: Decision | None) -> Decision | No
 
 
 def _hide_outcome(
-    rules: list[CompiledRule], results: Iterable[RuleResult], *, enforced_only: bool
+    rules: Sequence[CompiledRule], results: Iterable[RuleResult], *, enforced_only: bool
 ) -> tuple[Outcome, CompiledRule | None]:
     failed = False
     for rule, result in zip(rules, results, strict=True):

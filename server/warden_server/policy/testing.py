@@ -3,6 +3,13 @@
 A rule counts as exercised when at least one test case makes it match (or
 makes it fail, which a case can expect as ``error``), whether it is enforced
 or in audit mode.
+
+A set served by a faster evaluator runs every case on it and on the reference
+(cel-python) too, and a case they decide differently fails: SPEC §6 lets a
+faster evaluator serve only a set on which it agrees with the reference on
+every policy test. Agreement is judged on what a decision is made of — the
+effect, the deciding rule, the message, and for every rule evaluated whether
+it matched or failed — not on the wording of error messages.
 """
 
 from __future__ import annotations
@@ -34,15 +41,42 @@ class CaseResult:
     passed: bool
     expected: dict[str, Any]
     actual: dict[str, Any]
+    disagreement: Disagreement | None = None
+    """How the evaluators decided the case differently, when they did."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "file": self.file,
             "name": self.name,
             "passed": self.passed,
             "expected": self.expected,
             "actual": self.actual,
         }
+        if self.disagreement is not None:
+            data["disagreement"] = self.disagreement.to_json()
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Disagreement:
+    """One test case the served evaluator and the reference decide differently."""
+
+    where: str
+    """``file:line`` of the case."""
+    name: str
+    reference_name: str
+    reference: dict[str, Any]
+    fast_name: str
+    fast: dict[str, Any]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.where}: {self.name}: the evaluators disagree: "
+            f"{self.reference_name} gives {self.reference}, {self.fast_name} gives {self.fast}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {self.reference_name: self.reference, self.fast_name: self.fast}
 
 
 @dataclass(slots=True)
@@ -179,6 +213,64 @@ def run_policy_tests(
     return report
 
 
+def disagreements(
+    policies: PolicySet, directory: str | Path, now: datetime | None = None
+) -> list[Disagreement]:
+    """Every case under ``directory/tests`` on which ``policies`` and its
+    reference twin decide differently (none when it is the reference)."""
+    if policies.reference() is policies:
+        return []
+    cases, _ = load_test_cases(directory, policies)
+    started = now or datetime.now(UTC)
+    found = []
+    for item in cases:
+        served = evaluate_case(policies, item.case, started)
+        disagreement = _compare(policies, item, started, served)
+        if disagreement is not None:
+            found.append(disagreement)
+    return found
+
+
+def agreement_outcome(hidden: Decision, decision: Decision | None) -> dict[str, Any]:
+    """What the evaluators must agree on, for one case's decisions."""
+    final = decision or hidden
+    evaluated = [r for d in (hidden, decision) if d is not None for r in d.results]
+    return {
+        "effect": final.effect,
+        "rule": final.rule_id,
+        "message": final.message,
+        "would_have": (would_have(hidden, decision) or final).effect,
+        "rules": {
+            r.rule_id: "error" if r.error else ("matched" if r.matched else "not matched")
+            for r in evaluated
+        },
+        "message_fell_back": sorted(r.rule_id for r in evaluated if r.message_error),
+    }
+
+
+def _compare(
+    policies: PolicySet,
+    item: LoadedCase,
+    now: datetime,
+    served: tuple[Decision, Decision | None],
+) -> Disagreement | None:
+    reference = policies.reference()
+    if reference is policies:
+        return None
+    expected = agreement_outcome(*evaluate_case(reference, item.case, now))
+    got = agreement_outcome(*served)
+    if expected == got:
+        return None
+    return Disagreement(
+        where=f"{item.file}:{item.position.line}",
+        name=item.case.name,
+        reference_name=reference.evaluator.name,
+        reference=expected,
+        fast_name=policies.evaluator.name,
+        fast=got,
+    )
+
+
 def evaluate_case(
     policies: PolicySet, case: PolicyTest, now: datetime
 ) -> tuple[Decision, Decision | None]:
@@ -210,6 +302,7 @@ def _run_case(
     policies: PolicySet, item: LoadedCase, now: datetime, exercised: set[str]
 ) -> CaseResult:
     hidden, decision = evaluate_case(policies, item.case, now)
+    disagreement = _compare(policies, item, now, (hidden, decision))
     final = decision or hidden
     for d in (hidden, decision):
         if d is not None:
@@ -221,8 +314,15 @@ def _run_case(
         "would_have": (would_have(hidden, decision) or final).effect,
     }
     expected = item.case.expect.model_dump(exclude_none=True)
-    passed = all(actual.get(key) == value for key, value in expected.items())
+    passed = disagreement is None and all(
+        actual.get(key) == value for key, value in expected.items()
+    )
     where = f"{item.file}:{item.position.line}"
     return CaseResult(
-        file=where, name=item.case.name, passed=passed, expected=expected, actual=actual
+        file=where,
+        name=item.case.name,
+        passed=passed,
+        expected=expected,
+        actual=actual,
+        disagreement=disagreement,
     )
