@@ -33,9 +33,7 @@ GOVERNOR_COMPLETE = "warden.v1.Governor/Complete"
 @pytest.fixture
 def spans(lab_plant: Plant) -> InMemorySpanExporter:
     exporter = InMemorySpanExporter()
-    lab_plant.server.plane.telemetry.tracer_provider.add_span_processor(
-        SimpleSpanProcessor(exporter)
-    )
+    lab_plant.server.plane.telemetry.export_spans(SimpleSpanProcessor(exporter))
     return exporter
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.trace import Tracer
 
@@ -52,11 +52,19 @@ class Telemetry:
     def __init__(self, *, traces: str = "none") -> None:
         silence_leaky_loggers()
         self.tracer_provider = TracerProvider(resource=Resource.create({"service.name": "warden"}))
-        if traces == "console":
-            self.tracer_provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         self.tracer: Tracer = self.tracer_provider.get_tracer("warden_server")
+        self.tracing = False
+        """Whether spans go anywhere. Until they do, none is made: a request
+        only carries its caller's trace context, for the trace id it records."""
+        if traces == "console":
+            self.export_spans(SimpleSpanProcessor(ConsoleSpanExporter()))
         self.metrics = Metrics()
         self._endpoint: MetricsEndpoint | None = None
+
+    def export_spans(self, processor: SpanProcessor) -> None:
+        """Send every span from now on to ``processor``."""
+        self.tracer_provider.add_span_processor(processor)
+        self.tracing = True
 
     @classmethod
     def from_config(cls, section: TelemetrySection) -> Telemetry:
@@ -67,15 +75,16 @@ class Telemetry:
         name = step.__name__
         stage = STEP_STAGES.get(name, name)
         started = time.perf_counter()
-        with self.tracer.start_as_current_span(
-            f"warden.{name}", attributes={"warden.stage": stage, "warden.step": name}
-        ) as span:
+        if not self.tracing:
             failure = step(plane, ctx)
-            if failure is not None:
-                span.set_attributes({"warden.code": failure.code, "warden.failed": True})
-        self.metrics.stage_seconds.labels(stage=stage, step=name).observe(
-            time.perf_counter() - started
-        )
+        else:
+            with self.tracer.start_as_current_span(
+                f"warden.{name}", attributes={"warden.stage": stage, "warden.step": name}
+            ) as span:
+                failure = step(plane, ctx)
+                if failure is not None:
+                    span.set_attributes({"warden.code": failure.code, "warden.failed": True})
+        self.metrics.stage_seconds_of(stage, name).observe(time.perf_counter() - started)
         return failure
 
     def committed(self, transactions: int, events: Sequence[AuditEvent], seconds: float) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind
 
@@ -85,6 +86,8 @@ class TelemetryInterceptor(_Interceptor):
         return wrapped
 
     def _span(self, method: str, carrier: dict[str, str]) -> Any:
+        if not self._telemetry.tracing:
+            return _CallerContext(propagate.extract(carrier))
         return self._telemetry.tracer.start_as_current_span(
             method,
             context=propagate.extract(carrier),
@@ -110,6 +113,27 @@ class TelemetryInterceptor(_Interceptor):
                 trace_id=current_trace_id(),
             ),
         )
+
+
+class _CallerContext:
+    """The caller's trace context made current, with no span of our own: what
+    a request records its trace id from while spans go nowhere."""
+
+    __slots__ = ("_context", "_token")
+
+    def __init__(self, context: otel_context.Context) -> None:
+        self._context = context
+        self._token: object = None
+
+    def __enter__(self) -> _CallerContext:
+        self._token = otel_context.attach(self._context)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        otel_context.detach(self._token)  # type: ignore[arg-type]
+
+    def set_attribute(self, key: str, value: object) -> None:
+        """Spans' attributes go nowhere while nothing exports them."""
 
 
 def _code_name(context: grpc.ServicerContext) -> str:

@@ -48,6 +48,7 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self._stage_series: dict[str, Histogram] = {}
         self.stage_seconds = Histogram(
             "warden_stage_duration_seconds",
             "Time spent in one pipeline step, by stage and step.",
@@ -81,6 +82,13 @@ class Metrics:
             registry=r,
         )
         self._revision: str | None = None
+
+    def stage_seconds_of(self, stage: str, step: str) -> Histogram:
+        """The ``stage_seconds`` series of one step, looked up once."""
+        series = self._stage_series.get(step)
+        if series is None:
+            series = self._stage_series[step] = self.stage_seconds.labels(stage=stage, step=step)
+        return series
 
     def committed(self, transactions: int, events: Sequence[AuditEvent], seconds: float) -> None:
         """Count a committed batch and the records in it."""
