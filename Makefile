@@ -72,8 +72,8 @@ proto-check: $(STAMP) ## Fail if the generated code or errors.md differ from pro
 	echo "generated code and docs match proto/"
 
 .PHONY: bench
-bench: $(STAMP) ## Run the benchmarks (figures as ratios against an in-run baseline)
-	$(PY) -m benchmarks
+bench: $(STAMP) ## Run the benchmarks (BENCH="--quick sdk" to choose); figures in var/bench/
+	$(PY) -m benchmarks $(BENCH)
 
 .PHONY: clean
 clean: ## Remove the virtual environment, caches and var/
