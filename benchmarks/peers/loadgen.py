@@ -1,0 +1,81 @@
+"""Drive one target with the C generator (``benchmarks/loadgen/grpcload.c``)
+for one measurement point, and sample the server's CPU over the same window.
+
+The generator prints ``start`` and ``end`` around its measured window, so the
+server's CPU is read at those moments, not around the warmup or the drain.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.peers import cpu
+from benchmarks.peers.targets import Target
+
+
+class LoadError(Exception):
+    """The generator could not run (not: some requests failed — those are counted)."""
+
+
+def measure(
+    binary: Path, target: Target, *, inflight: int, duration: float, warmup: float
+) -> dict[str, Any]:
+    """One point: ``inflight`` requests in flight for ``duration`` seconds.
+
+    Returns the generator's JSON result with ``server_cpu_cores`` added.
+    """
+    with tempfile.NamedTemporaryFile(suffix=".bin") as body:
+        body.write(target.template)
+        body.flush()
+        command = [
+            str(binary),
+            "--port",
+            str(target.port),
+            "--path",
+            target.path,
+            "--body",
+            body.name,
+            "--id-offset",
+            str(target.id_offset),
+            "--id-length",
+            "36",
+            "--id-mode",
+            "uuid",
+            "--inflight",
+            str(inflight),
+            "--connections",
+            str(max(1, inflight // 8)),
+            "--duration",
+            str(duration),
+            "--warmup",
+            str(warmup),
+        ]
+        for header in target.headers:
+            command += ["--header", header]
+        generator = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert generator.stdout is not None
+        marks: dict[str, tuple[float, float]] = {}
+        result: dict[str, Any] | None = None
+        for printed in generator.stdout:
+            line = printed.strip()
+            if line in ("start", "end"):
+                marks[line] = (time.monotonic(), cpu.tree_seconds(target.process.pid))
+            elif line.startswith("{"):
+                result = json.loads(line)
+        stderr = generator.stderr.read() if generator.stderr else ""
+        generator.wait()
+    if result is None:
+        raise LoadError(f"the load generator printed no result: {stderr.strip()}")
+    if "start" in marks and "end" in marks:
+        (t0, c0), (t1, c1) = marks["start"], marks["end"]
+        result["server_cpu_cores"] = (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+    else:
+        result["server_cpu_cores"] = 0.0
+    return result
