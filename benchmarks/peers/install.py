@@ -10,6 +10,7 @@ the release binary.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -79,10 +80,12 @@ def _apt_install(package: str) -> None:
         )
     print(f"  installing {package} with apt-get")
     command = ["apt-get", "install", "-y", "--no-install-recommends", package]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0 and "Unable to locate package" in done.stderr:
+    environ = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=environ)
+    if done.returncode != 0:
+        # A fresh machine's package lists may be missing or stale: refresh them once.
         _run(["apt-get", "update", "-q"], "apt-get update")
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env=environ)
     if done.returncode != 0:
         raise InstallError(f"apt-get install {package} failed:\n{done.stderr.strip()}")
     for line in done.stdout.splitlines():
