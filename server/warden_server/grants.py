@@ -85,7 +85,7 @@ class GrantSigner:
 
     def sign(self, claims: GrantClaims, *, now: float | None = None) -> str:
         issued = int(now if now is not None else time.time())
-        return grant_token.encode(claims, self._private, issued_at=issued)
+        return grant_token.encode(claims, self._private, issued_at=issued, kid=self.key_id)
 
     def verify(self, token: str, *, verify_expiry: bool = True) -> GrantClaims:
         """The claims of a grant this plane signed (with any published key).

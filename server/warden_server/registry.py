@@ -251,13 +251,15 @@ class Registry:
 
     def get(self, capability_id: str, version: str = "") -> Capability | None:
         """A version, or the latest when ``version`` is empty."""
-        if version and (cached := self._cache.get((capability_id, version))):
+        if not version:
+            # Which version is latest is asked of the store every time (another
+            # plane may have registered one); the definition, once known, is not.
+            version = self._store.latest_version(capability_id) or ""
+            if not version:
+                return None
+        if cached := self._cache.get((capability_id, version)):
             return cached
-        record = (
-            self._store.get_capability(capability_id, version)
-            if version
-            else self._store.latest_capability(capability_id)
-        )
+        record = self._store.get_capability(capability_id, version)
         return self._capability(record) if record else None
 
     def latest(self) -> list[Capability]:

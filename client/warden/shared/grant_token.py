@@ -85,8 +85,14 @@ def load_public_key(pem: str | bytes) -> Ed25519PublicKey:
     return public
 
 
-def encode(claims: GrantClaims, private_key: Ed25519PrivateKey, *, issued_at: int) -> str:
-    """Sign ``claims`` as a grant token."""
+def encode(
+    claims: GrantClaims,
+    private_key: Ed25519PrivateKey,
+    *,
+    issued_at: int,
+    kid: str | None = None,
+) -> str:
+    """Sign ``claims`` as a grant token (``kid``: the key's id, when known already)."""
     payload: dict[str, Any] = {
         "iss": GRANT_ISSUER,
         "jti": claims.invocation_id,
@@ -98,7 +104,7 @@ def encode(claims: GrantClaims, private_key: Ed25519PrivateKey, *, issued_at: in
         "iat": issued_at,
         "exp": claims.expires_at,
     }
-    headers = {"kid": key_id(private_key.public_key())}
+    headers = {"kid": kid or key_id(private_key.public_key())}
     return jwt.encode(payload, private_key, algorithm=ALGORITHM, headers=headers)
 
 

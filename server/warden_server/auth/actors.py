@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +56,14 @@ class ActorVerifier:
     it is checked (no algorithm confusion, no ``alg: none``).
     """
 
+    CACHE_SIZE = 10_000
+    """Verified tokens remembered: an agent sends the same token with every call."""
+
     def __init__(self, section: ActorsSection, base_dir: Path = Path()) -> None:
+        self._verified: dict[str, tuple[Actor, float]] = {}
+        """Token -> (actor, when to stop trusting the verification): until ``exp``
+        plus the leeway, exactly as long as verifying again would accept it."""
+        self._lock = threading.Lock()
         self._issuer = section.issuer
         self._audience = section.audience
         self._leeway = section.leeway_seconds
@@ -91,6 +99,23 @@ class ActorVerifier:
         """
         if not token:
             raise AuthenticationError("no actor token")
+        known = self._verified.get(token)
+        if known is not None and time.time() <= known[1]:
+            return known[0]
+        actor, claims = self._verify(token)
+        self._remember(token, actor, float(claims["exp"]) + self._leeway)
+        return actor
+
+    def _remember(self, token: str, actor: Actor, until: float) -> None:
+        with self._lock:
+            if len(self._verified) >= self.CACHE_SIZE:
+                # Forget the older half (dicts keep insertion order): bounded
+                # memory, and the tokens in use are soon verified again.
+                for stale in list(self._verified)[: self.CACHE_SIZE // 2]:
+                    del self._verified[stale]
+            self._verified[token] = (actor, until)
+
+    def _verify(self, token: str) -> tuple[Actor, Mapping[str, Any]]:
         try:
             kid = jwt.get_unverified_header(token).get("kid")
             found = self._keys.get(kid) if kid is not None else self._keys.get(None)
@@ -111,7 +136,7 @@ class ActorVerifier:
             raise AuthenticationError("actor token signature is invalid") from None
         except (jwt.PyJWTError, ValueError, TypeError) as exc:
             raise AuthenticationError(f"actor token rejected: {exc}") from None
-        return _actor_from_claims(claims)
+        return _actor_from_claims(claims), claims
 
 
 def _public_key(path: Path) -> _VerificationKey:

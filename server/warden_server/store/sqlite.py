@@ -391,16 +391,16 @@ class SQLiteStore:
         )
         return _capability(row) if row else None
 
-    def latest_capability(self, capability_id: str) -> CapabilityRecord | None:
+    def latest_version(self, capability_id: str) -> str | None:
         row = (
             self._reader()
             .execute(
-                "SELECT * FROM capabilities WHERE id = ? ORDER BY ordinal DESC LIMIT 1",
+                "SELECT version FROM capabilities WHERE id = ? ORDER BY ordinal DESC LIMIT 1",
                 (capability_id,),
             )
             .fetchone()
         )
-        return _capability(row) if row else None
+        return str(row[0]) if row else None
 
     def capability_versions(self, capability_id: str) -> list[CapabilityRecord]:
         rows = self._reader().execute(
