@@ -105,6 +105,12 @@ def run(
     points = {key: report.medians(rounds_) for key, rounds_ in samples.items()}
     print(f"  median of {rounds} round(s):")
     report.print_table(points, inflights)
+    busiest = max(p["other_cpu_cores"] for p in points.values())
+    if busiest > 0.25 * (os.cpu_count() or 1):
+        print(
+            f"  note: other processes took up to {busiest:.2f} cores during the windows; "
+            "the servers had that much less, so figures are noisier"
+        )
     found = report.ratios(points, inflights)
     report.print_ratios(found)
     clean = all(p["errors"] == 0 and p["requests"] > 0 for p in points.values())

@@ -43,3 +43,14 @@ def _children(pid: int) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (all cores), from /proc/stat.
+
+    Over a window, busy cores minus the server's and the generator's are what
+    everything else took: a figure measured on a busy machine says so.
+    """
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / _TICKS

@@ -27,7 +27,8 @@ def measure(
 ) -> dict[str, Any]:
     """One point: ``inflight`` requests in flight for ``duration`` seconds.
 
-    Returns the generator's JSON result with ``server_cpu_cores`` added.
+    Returns the generator's JSON result with ``server_cpu_cores`` added, and
+    ``other_cpu_cores``: what the rest of the machine used meanwhile.
     """
     with tempfile.NamedTemporaryFile(suffix=".bin") as body:
         body.write(target.template)
@@ -61,21 +62,28 @@ def measure(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         assert generator.stdout is not None
-        marks: dict[str, tuple[float, float]] = {}
+        marks: dict[str, tuple[float, float, float]] = {}
         result: dict[str, Any] | None = None
         for printed in generator.stdout:
             line = printed.strip()
             if line in ("start", "end"):
-                marks[line] = (time.monotonic(), cpu.tree_seconds(target.process.pid))
+                marks[line] = (
+                    time.monotonic(),
+                    cpu.tree_seconds(target.process.pid),
+                    cpu.machine_busy_seconds(),
+                )
             elif line.startswith("{"):
                 result = json.loads(line)
         stderr = generator.stderr.read() if generator.stderr else ""
         generator.wait()
     if result is None:
         raise LoadError(f"the load generator printed no result: {stderr.strip()}")
+    result["server_cpu_cores"] = result["other_cpu_cores"] = 0.0
     if "start" in marks and "end" in marks:
-        (t0, c0), (t1, c1) = marks["start"], marks["end"]
-        result["server_cpu_cores"] = (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
-    else:
-        result["server_cpu_cores"] = 0.0
+        (t0, s0, m0), (t1, s1, m1) = marks["start"], marks["end"]
+        if t1 > t0:
+            result["server_cpu_cores"] = (s1 - s0) / (t1 - t0)
+            machine = (m1 - m0) / (t1 - t0)
+            others = machine - result["server_cpu_cores"] - result["cpu_cores"]
+            result["other_cpu_cores"] = max(0.0, others)
     return result
