@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import importlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -57,7 +56,6 @@ def cerbos_pdp(binary: Path, folder: Path, actor_token: str) -> Iterator[Target]
     def make(process: subprocess.Popen[bytes]) -> Target:
         return Target("cerbos", port, CHECK_PATH, template, process, processes=1)
 
-    os.environ.setdefault("CERBOS_NO_TELEMETRY", "1")
     log = root / "server.log"
     with running("cerbos", command, log, make) as target:
         answer = pb.CheckResourcesResponse.FromString(wait_until_answering(target, log))
