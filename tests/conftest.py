@@ -4,6 +4,7 @@ real CEL policies and real JWTs."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sqlite3
 import sys
@@ -52,6 +53,11 @@ def load_example(name: str = "orders") -> ModuleType:
     return module
 
 
+PROCESSES = int(os.environ.get("WARDEN_TEST_PROCESSES", "1"))
+"""How many processes each test plane serves with (``make test`` runs the
+integration tests with 1 and with 2)."""
+
+
 def make_config(tmp_path: Path, policies: Path = EXAMPLE_POLICIES, **server: Any) -> Config:
     return config_from_dict(
         {
@@ -59,6 +65,7 @@ def make_config(tmp_path: Path, policies: Path = EXAMPLE_POLICIES, **server: Any
                 "listen": "127.0.0.1:0",
                 "store": str(tmp_path / "warden.db"),
                 "policies": str(policies),
+                "processes": PROCESSES,
                 **server,
             },
             "actors": {"hs256_secret": ACTOR_SECRET, "issuer": "warden-test", "audience": "warden"},
@@ -118,13 +125,20 @@ class Plant:
         return [r for r in rows if all(r[k] == v for k, v in where.items())]
 
 
+def one_process(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """``[server]`` keys for a test marked ``single_process``: it reaches into the
+    plane's memory (a test clock, the store's writer), which only the first of
+    several processes would see."""
+    return {"processes": 1} if request.node.get_closest_marker("single_process") else {}
+
+
 @pytest.fixture
-def start_plane(tmp_path: Path) -> Iterator[Callable[..., Plant]]:
+def start_plane(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Plant]]:
     """Start planes on ephemeral ports; every one is stopped at teardown."""
     servers: list[Server] = []
 
     def start(policies: Path = EXAMPLE_POLICIES, **server: Any) -> Plant:
-        config = make_config(tmp_path, policies, **server)
+        config = make_config(tmp_path, policies, **{**one_process(request), **server})
         plane = Plane.from_config(config)
         running = serve(plane, "127.0.0.1:0")
         servers.append(running)
@@ -141,7 +155,11 @@ def dev_plane(tmp_path: Path) -> Iterator[Server]:
     config = load_config(
         ROOT / "warden.toml",
         environ={},
-        overrides={"listen": "127.0.0.1:0", "store": str(tmp_path / "warden.db")},
+        overrides={
+            "listen": "127.0.0.1:0",
+            "store": str(tmp_path / "warden.db"),
+            "processes": str(PROCESSES),
+        },
     )
     # The metrics port of warden.toml may be taken by a plane from `make run`.
     config = config.model_copy(

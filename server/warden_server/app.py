@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from concurrent import futures
 from dataclasses import dataclass, field
 
@@ -25,11 +27,13 @@ from warden.v1 import (
     registry_pb2_grpc,
 )
 from warden_server.approvals.expiry import Sweeper
+from warden_server.approvals.tail import ApprovalTail
 from warden_server.audit.checkpoint import CheckpointSigner
 from warden_server.audit.retention import RetentionScheduler
 from warden_server.config import Config
 from warden_server.plane import Plane
 from warden_server.policy.model import parse_duration
+from warden_server.processes import JoinedProcesses
 from warden_server.services.approvals import ApprovalsServicer
 from warden_server.services.audit import AuditServicer
 from warden_server.services.governor import GovernorServicer
@@ -63,6 +67,10 @@ class Server:
     metrics_port: int | None = None
     """The port of ``/metrics``, when ``[telemetry] metrics_listen`` is set."""
     retention: RetentionScheduler | None = field(default=None, repr=False)
+    approval_tail: ApprovalTail | None = field(default=None, repr=False)
+    joined: JoinedProcesses | None = field(default=None, repr=False)
+    """The other processes serving this port, started by this (the first) one."""
+    _stopped: bool = field(default=False, repr=False)
 
     @property
     def target(self) -> str:
@@ -70,11 +78,18 @@ class Server:
 
     def stop(self, grace: float | None = 2.0) -> None:
         """Stop serving (letting in-flight calls finish within ``grace``), then close the store."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.joined is not None:
+            self.joined.stop(grace)
         self.health.enter_graceful_shutdown()
         if self.sweeper is not None:
             self.sweeper.stop()
         self.plane.approval_events.close()  # watch streams end now, not at the grace's end
         self.grpc_server.stop(grace).wait()
+        if self.approval_tail is not None:
+            self.approval_tail.stop()
         if self.retention is not None:
             self.retention.stop()
         self.plane.close()
@@ -117,6 +132,71 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     """
     listen = listen or plane.config.server.listen
     host = listen.rsplit(":", 1)[0]
+    processes = plane.config.process_count
+    if processes > 1 and not plane.joined:
+        try:
+            _claim(listen)
+        except OSError:
+            plane.close()
+            raise
+    server, health_servicer = _grpc_server(plane, processes)
+    try:
+        port = _bind(server, plane.config, listen)
+    except OSError:
+        plane.close()
+        raise
+    metrics_listen = None if plane.joined else plane.config.telemetry.metrics_listen
+    try:
+        metrics_port = plane.telemetry.serve_metrics(metrics_listen) if metrics_listen else None
+    except OSError as exc:
+        plane.close()
+        raise OSError(f"cannot serve metrics on {metrics_listen}: {exc}") from None
+    retention = None if plane.joined else _retention(plane)
+    server.start()
+    if plane.config.server.watch_policies:
+        plane.reloader.start()
+    for name in (*SERVICE_NAMES, ""):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    sweeper = None
+    if not plane.joined:
+        sweeper = Sweeper(plane, plane.config.server.approval_sweep_seconds)
+        sweeper.start()
+    tail = ApprovalTail(plane.store, plane.approval_events) if processes > 1 else None
+    if tail is not None:
+        tail.start()
+    running = Server(
+        plane=plane,
+        grpc_server=server,
+        port=port,
+        host=host,
+        health=health_servicer,
+        sweeper=sweeper,
+        metrics_port=metrics_port,
+        retention=retention,
+        approval_tail=tail,
+    )
+    if processes > 1 and not plane.joined:
+        try:
+            running.joined = JoinedProcesses.start(
+                plane.config, f"{host}:{port}", processes - 1, plane.secrets()
+            )
+        except OSError:
+            running.stop(grace=0)
+            raise
+    log.info(
+        "warden listening on %s:%d (policy revision %s, %s, process %d of %d)",
+        host,
+        port,
+        plane.policies.current().revision[:12],
+        plane.policies.current().evaluator.name,
+        os.getpid(),
+        processes,
+    )
+    return running
+
+
+def _grpc_server(plane: Plane, processes: int) -> tuple[grpc.Server, health.HealthServicer]:
+    """The gRPC server with every servicer, health and reflection, not yet bound."""
     limit = plane.config.server.max_input_bytes + 1_048_576
     server = grpc.server(
         futures.ThreadPoolExecutor(
@@ -126,8 +206,8 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
-            # Two planes must never share a port: the second one fails to start.
-            ("grpc.so_reuseport", 0),
+            # Only the processes of one plane share a port (``_claim``).
+            ("grpc.so_reuseport", int(processes > 1)),
         ],
     )
     governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), server)
@@ -141,10 +221,18 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
+    return server, health_servicer
+
+
+def _bind(server: grpc.Server, config: Config, listen: str) -> int:
+    """Bind ``listen`` (with TLS when configured); returns the port.
+
+    Raises:
+        OSError: the certificates cannot be read or the address bound.
+    """
     try:
-        credentials = server_credentials(plane.config)
+        credentials = server_credentials(config)
     except OSError as exc:
-        plane.close()
         raise OSError(f"cannot serve TLS: {exc}") from None
     try:
         if credentials is None:
@@ -152,43 +240,41 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         else:
             port = server.add_secure_port(listen, credentials)
     except RuntimeError as exc:
-        port = 0
-        reason = str(exc)
-    else:
-        reason = "the address is in use or not available"
+        raise OSError(f"cannot listen on {listen}: {exc}") from None
     if port == 0:
-        plane.close()
-        raise OSError(f"cannot listen on {listen}: {reason}")
-    metrics_listen = plane.config.telemetry.metrics_listen
+        raise OSError(f"cannot listen on {listen}: the address is in use or not available")
+    return port
+
+
+def _claim(listen: str) -> None:
+    """Fail when anything listens on ``listen`` already.
+
+    The processes of one plane bind with SO_REUSEPORT, which would also let a
+    second plane share the port unnoticed; binding once without it first
+    makes a second plane fail to start instead.
+
+    Raises:
+        OSError: the address is in use or not available.
+    """
+    host, _, port = listen.rpartition(":")
+    if port == "0":
+        return  # the kernel picks a port nobody holds
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 (an empty host binds every address)
     try:
-        metrics_port = plane.telemetry.serve_metrics(metrics_listen) if metrics_listen else None
-    except OSError as exc:
-        plane.close()
-        raise OSError(f"cannot serve metrics on {metrics_listen}: {exc}") from None
-    retention = _retention(plane)
-    server.start()
-    if plane.config.server.watch_policies:
-        plane.reloader.start()
-    for name in (*SERVICE_NAMES, ""):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    sweeper = Sweeper(plane, plane.config.server.approval_sweep_seconds)
-    sweeper.start()
-    log.info(
-        "warden listening on %s:%d (policy revision %s)",
-        host,
-        port,
-        plane.policies.current().revision[:12],
-    )
-    return Server(
-        plane=plane,
-        grpc_server=server,
-        port=port,
-        host=host,
-        health=health_servicer,
-        sweeper=sweeper,
-        metrics_port=metrics_port,
-        retention=retention,
-    )
+        found = socket.getaddrinfo(
+            host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, ValueError) as exc:
+        raise OSError(f"cannot listen on {listen}: {exc}") from None
+    for family, kind, proto, _, address in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError:
+                raise OSError(
+                    f"cannot listen on {listen}: the address is in use or not available"
+                ) from None
 
 
 def _retention(plane: Plane) -> RetentionScheduler | None:

@@ -9,6 +9,7 @@ environment as an argument so that tests never patch ``os.environ``.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -63,7 +64,12 @@ class ServerSection(_Section):
     approval_ttl: str = "1h"
     """How long an approval request stays open when its rule gives no ttl."""
     workers: Annotated[int, Field(gt=0)] = 16
-    """Threads serving RPCs."""
+    """Threads serving RPCs, in each process."""
+    processes: Annotated[int, Field(gt=0, le=256)] | None = None
+    """Processes serving the port together (SO_REUSEPORT), each with its own
+    policy set and store connection; the audit chain stays one (appends are
+    serialized by the store's write lock, group-committed per process).
+    Default: one per CPU."""
     request_deadline_ms: Annotated[int, Field(gt=0)] = 5_000
     """The plane's own time budget per request (shortened by the caller's gRPC
     deadline). A Begin that runs out of time fails closed and never commits a grant."""
@@ -258,6 +264,11 @@ class Config(_Section):
         """A configured path, resolved against the config file's folder."""
         candidate = Path(value)
         return candidate if candidate.is_absolute() else self.base_dir / candidate
+
+    @property
+    def process_count(self) -> int:
+        """``[server] processes``, or the number of CPUs when unset."""
+        return self.server.processes or os.cpu_count() or 1
 
     @property
     def store_path(self) -> Path:

@@ -49,6 +49,20 @@ class GrantSigner:
         for key in verification_keys:
             self._keys.setdefault(grant_token.key_id(key), key)
 
+    def private_pem(self) -> bytes:
+        """The signing key as PEM: for the other processes of this plane only."""
+        return self._private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    def with_signing_key(self, pem: bytes) -> GrantSigner:
+        """These verification keys, signing with ``pem`` (another process's key)."""
+        key = serialization.load_pem_private_key(pem, password=None)
+        assert isinstance(key, Ed25519PrivateKey)
+        return GrantSigner(key, list(self._keys.values()))
+
     @classmethod
     def from_files(cls, signing: Path | None, verification: Sequence[Path] = ()) -> GrantSigner:
         """Load the PEM Ed25519 signing key (a fresh one when ``signing`` is None)

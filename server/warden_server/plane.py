@@ -88,6 +88,16 @@ class PolicyHolder:
             self._status = replace(self._status, rejected=None)
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessSecrets:
+    """What the processes of one plane must share beyond their config: the keys
+    it may have made at start (a fresh grant key, a fresh sealing key), so a
+    grant signed by one process is accepted by another."""
+
+    grant_key_pem: str
+    seal_key_hex: str
+
+
 @dataclass
 class Plane:
     config: Config
@@ -107,9 +117,19 @@ class Plane:
     telemetry: Telemetry = field(default_factory=Telemetry)
     checkpoints: CheckpointVerifier | None = None
     """Checks retention checkpoints; a ``CheckpointSigner`` where this plane prunes."""
+    joined: bool = False
+    """This process joined a plane another process started (``[server] processes``):
+    that one alone sweeps approvals, prunes and serves metrics."""
 
     @classmethod
-    def from_config(cls, config: Config, *, clock: Callable[[], datetime] = utc_now) -> Plane:
+    def from_config(
+        cls,
+        config: Config,
+        *,
+        clock: Callable[[], datetime] = utc_now,
+        joined: bool = False,
+        secrets: ProcessSecrets | None = None,
+    ) -> Plane:
         """Open the store, load the policies and keys the config names.
 
         The policy folder is checked against the registered capabilities and
@@ -126,8 +146,12 @@ class Plane:
             config.path(key_file) if key_file else None,
             [config.path(f) for f in config.grants.verification_key_files],
         )
+        sealer = Sealer.from_secret(config.idempotency.replay_key)
+        if secrets is not None:
+            grants = grants.with_signing_key(secrets.grant_key_pem.encode())
+            sealer = Sealer(bytes.fromhex(secrets.seal_key_hex))
         hash_key = config.redaction.hash_key if config.redaction.mode == "keyed-hash" else None
-        if config.idempotency.replay_key is None:
+        if config.idempotency.replay_key is None and not joined:
             log.warning(
                 "idempotency.replay_key is not set: outputs recorded for replay "
                 "cannot be replayed after a restart"
@@ -138,9 +162,10 @@ class Plane:
         # The store reports what it commits, so the metrics agree with the
         # log, the loading of the policy set at start included.
         store = SQLiteStore(config.store_path, observer=telemetry)
+        shared = config.process_count > 1
         try:
             registry = Registry(store)
-            policies = PolicyHolder(load_at_start(config, store, registry))
+            policies = PolicyHolder(load_at_start(config, store, registry, joining=joined))
         except BaseException:
             store.close()
             telemetry.close()
@@ -150,17 +175,26 @@ class Plane:
             store=store,
             registry=registry,
             policies=policies,
-            reloader=PolicyReloader(config, store, registry, policies),
+            reloader=PolicyReloader(config, store, registry, policies, shared=shared),
             actors=actors,
             services=ServiceAuthenticator.from_config(config),
             grants=grants,
             clock=clock,
             redaction=Redaction(hash_key.encode() if hash_key else None),
-            sealer=Sealer.from_secret(config.idempotency.replay_key),
-            approval_events=ApprovalHub(max_watchers=config.server.max_approval_watchers),
+            sealer=sealer,
+            approval_events=ApprovalHub(
+                max_watchers=config.server.max_approval_watchers,
+                shared=shared,
+                last_seq=store.last_seq,
+            ),
             telemetry=telemetry,
             checkpoints=checkpoints,
+            joined=joined,
         )
+
+    def secrets(self) -> ProcessSecrets:
+        """The keys a process joining this plane must use."""
+        return ProcessSecrets(self.grants.private_pem().decode(), self.sealer.key.hex())
 
     def close(self) -> None:
         self.reloader.stop()

@@ -31,7 +31,7 @@ from warden_server.policy.loader import (
 )
 from warden_server.policy.serving import evaluator_for, serving
 from warden_server.registry import Registry
-from warden_server.store import Store
+from warden_server.store import Store, WriteTransaction
 
 if TYPE_CHECKING:
     from warden_server.plane import PolicyHolder
@@ -47,8 +47,13 @@ def input_schemas(registry: Registry) -> list[InputSchema]:
     return [InputSchema(c.id, c.definition.input_schema) for c in registry.latest()]
 
 
-def load_at_start(config: Config, store: Store, registry: Registry) -> PolicySet:
+def load_at_start(
+    config: Config, store: Store, registry: Registry, *, joining: bool = False
+) -> PolicySet:
     """The policy set a plane starts with, its loading (or refusal) recorded.
+
+    A process ``joining`` a running plane records the set only when the log
+    has not announced it already (its first process has, as a rule).
 
     Raises:
         PolicyLoadError: the folder has problems; the plane must not start.
@@ -57,9 +62,9 @@ def load_at_start(config: Config, store: Store, registry: Registry) -> PolicySet
         source = read_policy_folder(config.policies_path)
         policies = _compile(config, source, registry)
     except PolicyLoadError as exc:
-        _record_rejection(store, exc, serving=None, reason="startup")
+        _record_rejection(store, exc, serving=None, reason="startup", unless_announced=joining)
         raise
-    _record_load(store, policies, previous=None, reason="startup")
+    _record_load(store, policies, previous=None, reason="startup", unless_announced=joining)
     return policies
 
 
@@ -67,8 +72,17 @@ class PolicyReloader:
     """Keeps a plane's policy set in step with its folder."""
 
     def __init__(
-        self, config: Config, store: Store, registry: Registry, holder: PolicyHolder
+        self,
+        config: Config,
+        store: Store,
+        registry: Registry,
+        holder: PolicyHolder,
+        *,
+        shared: bool = False,
     ) -> None:
+        self._shared = shared
+        """Other processes serve the same folder and store: a revision one of
+        them announced already is not announced again."""
         self._config = config
         self._store = store
         self._registry = registry
@@ -109,7 +123,13 @@ class PolicyReloader:
             except PolicyLoadError as exc:
                 return self._refuse(exc)
             # Durable first: no decision can name a revision the log has not announced.
-            _record_load(self._store, policies, previous=status.current, reason="reload")
+            _record_load(
+                self._store,
+                policies,
+                previous=status.current,
+                reason="reload",
+                unless_announced=self._shared,
+            )
             self._holder.swap(policies, _now())
             log.info(
                 "policy set %s loaded (%d rules in %s)",
@@ -127,7 +147,9 @@ class PolicyReloader:
         ):
             return "unchanged"
         serving = status.current
-        _record_rejection(self._store, error, serving=serving, reason="reload")
+        _record_rejection(
+            self._store, error, serving=serving, reason="reload", unless_announced=self._shared
+        )
         self._holder.reject(error.revision, error.files, error.problems, _now())
         log.error("policy change refused; still serving %s:\n%s", serving.revision[:12], error)
         return "rejected"
@@ -184,12 +206,18 @@ def _compile(config: Config, source: PolicySource, registry: Registry) -> Policy
 
 
 def _record_load(
-    store: Store, policies: PolicySet, *, previous: PolicySet | None, reason: str
+    store: Store,
+    policies: PolicySet,
+    *,
+    previous: PolicySet | None,
+    reason: str,
+    unless_announced: bool = False,
 ) -> None:
     details = {
         "files": list(policies.files),
         "rules": len(policies.rules),
         "previous_revision": previous.revision if previous else None,
+        "evaluator": policies.evaluator.name,
     }
     event = AuditEvent(
         kind="policy",
@@ -198,11 +226,22 @@ def _record_load(
         reason=reason,
         details=compact_json(details),
     )
-    store.transact(lambda tx: tx.append_audit(event))
+
+    def work(tx: WriteTransaction) -> None:
+        if unless_announced and tx.last_policy_event() == ("loaded", policies.revision):
+            return
+        tx.append_audit(event)
+
+    store.transact(work)
 
 
 def _record_rejection(
-    store: Store, error: PolicyLoadError, *, serving: PolicySet | None, reason: str
+    store: Store,
+    error: PolicyLoadError,
+    *,
+    serving: PolicySet | None,
+    reason: str,
+    unless_announced: bool = False,
 ) -> None:
     details = {
         "files": list(error.files),
@@ -218,7 +257,13 @@ def _record_rejection(
         cause_type=type(error).__name__,
         cause_message=str(error)[:MAX_RECORDED_PROBLEMS_CHARS],
     )
-    store.transact(lambda tx: tx.append_audit(event))
+
+    def work(tx: WriteTransaction) -> None:
+        if unless_announced and tx.last_policy_event() == ("rejected", error.revision or None):
+            return
+        tx.append_audit(event)
+
+    store.transact(work)
 
 
 def _now() -> datetime:

@@ -26,6 +26,8 @@ class Sealer:
     """Seals and opens replayable outputs with one key."""
 
     def __init__(self, key: bytes) -> None:
+        self.key = key
+        """The AES-GCM key: for the other processes of this plane only."""
         self._aead = AESGCM(key)
 
     @classmethod

@@ -268,6 +268,7 @@ def test_an_unauthenticated_decision_is_refused_and_recorded(
     assert row["actor_id"] is None and row["reason"].startswith("unauthenticated: ")
 
 
+@pytest.mark.single_process
 def test_si6_two_concurrent_resumes_of_one_approval_exactly_one_wins(
     lab_rt: warden.Runtime, lab_plant: Plant, lab: Lab
 ) -> None:
@@ -333,6 +334,7 @@ def test_si6_an_approval_for_730_cannot_resume_a_refund_of_7300(
 # -- expiry ------------------------------------------------------------------------
 
 
+@pytest.mark.single_process
 def test_si6_an_expired_pending_approval_cannot_be_approved(
     lab_rt: warden.Runtime, lab_plant: Plant
 ) -> None:
@@ -355,6 +357,7 @@ def test_si6_an_expired_pending_approval_cannot_be_approved(
     assert lab_plant.rows("SELECT state FROM approvals")[0]["state"] == "expired"
 
 
+@pytest.mark.single_process
 def test_si6_an_approval_that_expires_before_use_gives_approval_expired(
     lab_rt: warden.Runtime, lab_plant: Plant, lab: Lab
 ) -> None:
@@ -375,6 +378,7 @@ def test_si6_an_approval_that_expires_before_use_gives_approval_expired(
     assert suspend(lab_rt, lab_plant).approval_id != env.approval_id
 
 
+@pytest.mark.single_process
 def test_the_sweep_expires_due_approvals_and_tells_watchers(
     lab_rt: warden.Runtime, lab_plant: Plant
 ) -> None:
@@ -404,6 +408,7 @@ def test_the_sweep_expires_due_approvals_and_tells_watchers(
     assert row["actor_id"] is None and json.loads(row["details"]) == {"from": "pending"}
 
 
+@pytest.mark.single_process
 def test_the_running_plane_sweeps_on_its_own(
     start_plane: Callable[..., Plant], tmp_path: Path
 ) -> None:
@@ -501,6 +506,7 @@ def swap_policies(plant: Plant, folder: Path, text: str) -> None:
     plant.server.plane.policies.swap(load_policies(folder))
 
 
+@pytest.mark.single_process
 def test_a_narrowed_approvers_condition_applies_to_waiting_approvals(
     lab_rt: warden.Runtime, lab_plant: Plant, tmp_path: Path
 ) -> None:
@@ -518,6 +524,7 @@ def test_a_narrowed_approvers_condition_applies_to_waiting_approvals(
         assert director.approve(env.approval_id or "").state == "approved"
 
 
+@pytest.mark.single_process
 def test_a_withdrawn_rule_leaves_its_approvals_undecidable(
     lab_rt: warden.Runtime, lab_plant: Plant, tmp_path: Path, lab: Lab
 ) -> None:
@@ -534,6 +541,7 @@ def test_a_withdrawn_rule_leaves_its_approvals_undecidable(
     assert resume(lab_rt, lab_plant, env.approval_id or "").status == "succeeded"
 
 
+@pytest.mark.single_process
 def test_an_approval_from_a_rule_no_longer_deciding_asks_afresh(
     lab_rt: warden.Runtime, lab_plant: Plant, tmp_path: Path, lab: Lab
 ) -> None:

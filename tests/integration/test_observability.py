@@ -26,6 +26,10 @@ from warden_server.config import config_from_dict
 from warden_server.plane import Plane
 from warden_server.telemetry.logs import JsonFormatter
 
+# These tests read the plane's own memory (its spans, metrics, reloader and
+# policy holder), which a second process would not share.
+pytestmark = pytest.mark.single_process
+
 GOVERNOR_BEGIN = "warden.v1.Governor/Begin"
 GOVERNOR_COMPLETE = "warden.v1.Governor/Complete"
 

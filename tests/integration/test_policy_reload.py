@@ -12,10 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import ORDERS_TOKEN, Plant
 from tests.integration.lab import Lab, build_lab
 from warden_server.audit.chain import verify_rows
 from warden_server.policy.loader import read_policy_folder
+
+# These tests read the plane's own memory (its spans, metrics, reloader and
+# policy holder), which a second process would not share.
+pytestmark = pytest.mark.single_process
 
 SET_A = """
 rules:
@@ -157,6 +163,7 @@ def test_si12_hot_reload_swaps_whole_sets_under_concurrent_decisions(
         "files": ["rules.yaml"],
         "rules": 2,
         "previous_revision": revision_a,
+        "evaluator": "cel-cpp",
     }
     assert json.loads(rejected["details"]) == {
         "files": ["rules.yaml", "zz-broken.yaml"],

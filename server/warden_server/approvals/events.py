@@ -1,17 +1,20 @@
 """Approval events for watchers: every committed transition, fanned out to the
 open watch streams of its tenant as it happens.
 
-The fan-out is in memory, so a watcher hears of the transitions made by the
-replica it is connected to. Each subscriber has a bounded backlog; one that
-falls further behind is cut off (``WatcherFellBehind``) rather than allowed to
-hold the plane's memory, and re-lists before watching again.
+The fan-out is in memory. A plane of one process publishes what it commits
+at once; where several processes share the store, each hears every process's
+changes from the audit log instead (``approvals/tail.py``).
+
+Each subscriber has a bounded backlog; one that falls further behind is cut
+off (``WatcherFellBehind``) rather than allowed to hold the plane's memory,
+and re-lists before watching again.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,6 +30,8 @@ class ApprovalChange:
 
     kind: Transition
     approval: ApprovalRecord
+    seq: int | None = None
+    """The audit record of the transition, when it was read from the log."""
 
 
 class WatchLimitReached(ResourceExhausted):
@@ -44,8 +49,11 @@ class Subscription:
     closed (by the watcher leaving or the plane stopping).
     """
 
-    def __init__(self, hub: ApprovalHub, tenant: str, backlog: int) -> None:
+    def __init__(self, hub: ApprovalHub, tenant: str, backlog: int, since: int = 0) -> None:
         self.tenant = tenant
+        self.since = since
+        """Changes the log recorded at or before this sequence number happened
+        before the subscription (what the watcher lists first shows them)."""
         self._hub = hub
         self._backlog = backlog
         self._changes: deque[ApprovalChange] = deque()
@@ -101,9 +109,23 @@ class ApprovalHub:
     Args:
         max_watchers: Subscriptions open at once at most.
         backlog: Undelivered changes a subscriber may have before it is cut off.
+        shared: Several processes share the store; changes arrive by ``deliver``.
+        last_seq: The newest audit sequence number (for ``shared``): where a
+            new subscription starts.
     """
 
-    def __init__(self, max_watchers: int = 4, backlog: int = 1000) -> None:
+    def __init__(
+        self,
+        max_watchers: int = 4,
+        backlog: int = 1000,
+        *,
+        shared: bool = False,
+        last_seq: Callable[[], int] | None = None,
+    ) -> None:
+        self._shared = shared
+        self._last_seq = last_seq
+        """Other processes commit changes too: they are delivered from the audit
+        log, and this process's own are not published twice."""
         self._max_watchers = max_watchers
         self._backlog = backlog
         self._subscriptions: set[Subscription] = set()
@@ -116,7 +138,8 @@ class ApprovalHub:
         Raises:
             WatchLimitReached: ``max_watchers`` subscriptions are open.
         """
-        subscription = Subscription(self, tenant, self._backlog)
+        since = self._last_seq() if self._shared and self._last_seq is not None else 0
+        subscription = Subscription(self, tenant, self._backlog, since)
         with self._lock:
             stopping = self._closed
             if not stopping:
@@ -131,10 +154,20 @@ class ApprovalHub:
         return subscription
 
     def publish(self, changes: Iterable[ApprovalChange]) -> None:
-        """Deliver changes that are committed to the store (never before)."""
+        """Deliver changes this process committed to the store (never before)."""
+        if not self._shared:
+            self.deliver(changes)
+
+    def deliver(self, changes: Iterable[ApprovalChange]) -> None:
+        """Fan committed changes out to their tenants' watchers."""
         for change in changes:
             with self._lock:
-                receivers = [s for s in self._subscriptions if s.tenant == change.approval.tenant]
+                receivers = [
+                    s
+                    for s in self._subscriptions
+                    if s.tenant == change.approval.tenant
+                    and (change.seq is None or change.seq > s.since)
+                ]
             for subscription in receivers:
                 subscription.offer(change)
 

@@ -19,6 +19,12 @@ from warden_server.telemetry.logs import configure_logging
 @click.option("--store", help="SQLite store path (overrides [server] store).")
 @click.option("--policies", help="Policy folder (overrides [server] policies).")
 @click.option(
+    "--processes",
+    type=click.IntRange(1, 256),
+    help="Processes serving the port together (overrides [server] processes; "
+    "default: one per CPU).",
+)
+@click.option(
     "--log-level",
     default="INFO",
     show_default=True,
@@ -35,6 +41,7 @@ def serve(
     listen: str | None,
     store: str | None,
     policies: str | None,
+    processes: int | None,
     log_level: str,
     log_format: Literal["text", "json"] | None,
 ) -> None:
@@ -48,6 +55,7 @@ def serve(
         listen=listen,
         store=str(Path(store).resolve()) if store else None,
         policies=str(Path(policies).resolve()) if policies else None,
+        processes=str(processes) if processes else None,
     )
     configure_logging(log_level, log_format or config.telemetry.log_format)
     try:
@@ -60,9 +68,10 @@ def serve(
         server = start(plane, config.server.listen)
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
+    count = config.process_count
     click.echo(
         f"warden serving on {server.target} (store {config.store_path}, "
-        f"policies {config.policies_path})",
+        f"policies {config.policies_path}, {count} process{'es' if count > 1 else ''})",
         err=True,
     )
     if server.metrics_port is not None:

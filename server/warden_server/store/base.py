@@ -33,6 +33,10 @@ class WriteTransaction(Protocol):
         """The hash of audit record ``seq``, or None if there is none."""
         ...
 
+    def last_policy_event(self) -> tuple[str, str | None] | None:
+        """The status and revision of the newest ``policy`` record, if any."""
+        ...
+
     def prune_audit(self, checkpoint: Checkpoint) -> int:
         """Delete audit records up to ``checkpoint.seq`` and make it the chain's
         starting point (replacing older checkpoints); returns how many were deleted."""
@@ -120,6 +124,16 @@ class Store(Protocol):
         ...
 
     def get_capability(self, capability_id: str, version: str) -> CapabilityRecord | None: ...
+
+    def approval_transitions(self, after_seq: int, limit: int) -> list[tuple[int, str, str]]:
+        """``(seq, transition, approval_id)`` of the approval records after
+        ``after_seq``, oldest first: how a plane hears of other processes'
+        approval changes."""
+        ...
+
+    def last_seq(self) -> int:
+        """The sequence number of the newest audit record (0 when there is none)."""
+        ...
 
     def latest_version(self, capability_id: str) -> str | None:
         """The newest registered version of a capability, or None."""

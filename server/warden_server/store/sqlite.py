@@ -103,6 +103,13 @@ class SQLiteTransaction:
         row = self._conn.execute("SELECT hash FROM audit_events WHERE seq = ?", (seq,)).fetchone()
         return str(row[0]) if row else None
 
+    def last_policy_event(self) -> tuple[str, str | None] | None:
+        row = self._conn.execute(
+            "SELECT status, policy_revision FROM audit_events WHERE kind = 'policy' "
+            "ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        return (str(row[0]), row[1]) if row else None
+
     def prune_audit(self, checkpoint: Checkpoint) -> int:
         deleted = self._conn.execute(
             "DELETE FROM audit_events WHERE seq <= ?", (checkpoint.seq,)
@@ -390,6 +397,18 @@ class SQLiteStore:
             .fetchone()
         )
         return _capability(row) if row else None
+
+    def approval_transitions(self, after_seq: int, limit: int) -> list[tuple[int, str, str]]:
+        rows = self._reader().execute(
+            "SELECT seq, status, approval_id FROM audit_events "
+            "WHERE seq > ? AND kind = 'approval' ORDER BY seq LIMIT ?",
+            (after_seq, limit),
+        )
+        return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+    def last_seq(self) -> int:
+        row = self._reader().execute("SELECT max(seq) FROM audit_events").fetchone()
+        return int(row[0] or 0)
 
     def latest_version(self, capability_id: str) -> str | None:
         row = (

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import warden
-from tests.conftest import ORDERS_TOKEN, Plant, make_config
+from tests.conftest import ORDERS_TOKEN, Plant, make_config, one_process
 from tests.integration.approving import Clock
 from tests.integration.guarantees.lab import Ledger, build_payments, write_guarantees_policies
 from warden_server.app import Server, serve
@@ -35,11 +35,14 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[..., Plant]]:
+def launch(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Plant]]:
     """Start planes with the payments policies; every one is stopped at teardown."""
     servers: list[Server] = []
 
     def start(clock: Callable[[], datetime] | None = None, **sections: dict[str, Any]) -> Plant:
+        if clock is not None or one_process(request):
+            # A test clock cannot cross a process boundary: such a plane is one process.
+            sections["server"] = {**sections.get("server", {}), "processes": 1}
         config = guarantees_config(tmp_path, **sections)
         plane = Plane.from_config(config, clock=clock) if clock else Plane.from_config(config)
         running = serve(plane, "127.0.0.1:0")

@@ -62,6 +62,7 @@ def store_bytes(plant: Plant) -> bytes:
     return b"".join(f.read_bytes() for f in files)
 
 
+@pytest.mark.single_process  # reads the spans and logs of the plane's own process
 @pytest.mark.parametrize("evaluator", ["cel-python", "cel-cpp"])
 @pytest.mark.parametrize("mode", ["mask", "keyed-hash"])
 def test_si5_a_sensitive_marker_appears_nowhere(

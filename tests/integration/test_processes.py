@@ -1,0 +1,72 @@
+"""A plane of several processes (``[server] processes``) behaves as one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.conftest import EXAMPLE_POLICIES, Plant, copy_policies
+from warden.v1 import policy_pb2, policy_pb2_grpc
+from warden_server.app import serve
+from warden_server.plane import Plane
+
+REVISION_WAIT_S = 10.0
+
+
+def revisions_seen(plant: Plant, connections: int = 12) -> set[str]:
+    """The policy revision each of several fresh connections is served with:
+    the kernel spreads connections over the processes."""
+    seen = set()
+    for _ in range(connections):
+        with grpc.insecure_channel(
+            plant.target, options=[("grpc.use_local_subchannel_pool", 1)]
+        ) as channel:
+            status = policy_pb2_grpc.PoliciesStub(channel).GetStatus(
+                policy_pb2.PolicyStatusRequest(
+                    actor_token=plant.token("pat", roles=("policy-author",))
+                ),
+                timeout=5,
+            )
+            seen.add(status.current.revision)
+    return seen
+
+
+def test_every_process_hot_reloads_the_folder(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    folder = copy_policies(tmp_path / "policies")
+    plant = start_plane(folder, processes=2, policy_debounce_ms=50)
+    assert plant.server.joined is not None and len(plant.server.joined.pids) == 1
+    before = revisions_seen(plant)
+    assert len(before) == 1
+    rules = folder / "orders.yaml"
+    rules.write_text(rules.read_text() + "\n# an edit\n")
+    deadline = time.monotonic() + REVISION_WAIT_S
+    while (seen := revisions_seen(plant)) != {plant.server.plane.policies.current().revision} or (
+        seen == before
+    ):
+        assert time.monotonic() < deadline, f"processes still serve {seen}"
+        time.sleep(0.1)
+    loads = plant.events(kind="policy", status="loaded")
+    assert [e["policy_revision"] for e in loads].count(seen.pop()) == 1, (
+        "a revision is announced once, whichever process saw it first"
+    )
+
+
+def test_a_second_plane_cannot_share_the_port(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    plant = start_plane(processes=2)
+    config = plant.config.model_copy(
+        update={
+            "server": plant.config.server.model_copy(
+                update={"store": str(tmp_path / "other.db"), "policies": str(EXAMPLE_POLICIES)}
+            )
+        }
+    )
+    with pytest.raises(OSError, match="in use"):
+        serve(Plane.from_config(config), plant.target)
