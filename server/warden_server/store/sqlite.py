@@ -14,8 +14,10 @@ plane) extends the same chain instead of forking it.
 from __future__ import annotations
 
 import contextvars
+import fcntl
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -263,6 +265,10 @@ class SQLiteStore:
         self._max_batch = max_batch
         self._observer = observer
         self._write_conn = _connect(self.path)
+        # Processes sharing the file take turns at writing through this lock,
+        # which wakes the next writer the moment it is released; SQLite's own
+        # busy handler would have it sleep and retry (up to 100 ms a time).
+        self._turns = os.open(f"{self.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
         # Every append updates a dozen indexes: keep their hot pages in memory.
         self._write_conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
         migrate(self._write_conn)
@@ -325,6 +331,7 @@ class SQLiteStore:
             if stop_after:
                 break
         conn.close()
+        os.close(self._turns)
 
     def _commit_batch(
         self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Job]
@@ -332,6 +339,7 @@ class SQLiteStore:
         outcomes: list[tuple[_Job, Any, BaseException | None]] = []
         events: list[AuditEvent] = []
         started = time.perf_counter()
+        fcntl.flock(self._turns, fcntl.LOCK_EX)
         try:
             conn.execute("BEGIN IMMEDIATE")
             self._load_chain_head()
@@ -360,10 +368,12 @@ class SQLiteStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             self._load_chain_head()
+            fcntl.flock(self._turns, fcntl.LOCK_UN)
             error = StoreError(f"the store could not commit: {exc}")
             for job in batch:
                 job.future.set_exception(error)
             return
+        fcntl.flock(self._turns, fcntl.LOCK_UN)
         self.batches_committed += 1
         if self._observer is not None:
             try:
