@@ -1,0 +1,139 @@
+"""The fast evaluator against the reference: they must decide alike, and a
+set on which they do not is served by the reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from warden_server.policy.cel import CelPythonEvaluator, EvaluationError
+from warden_server.policy.celcpp import CelCppEvaluator
+from warden_server.policy.loader import load_policies
+from warden_server.policy.serving import fallback_reason, serving
+from warden_server.policy.testing import run_policy_tests
+
+RULES = """
+rules:
+  - id: big-refunds-denied
+    capabilities: ["orders.refund"]
+    effect: deny
+    when: input.amount > 500.5
+    message: "Too big."
+  - id: refunds-allowed
+    capabilities: ["orders.refund"]
+    effect: allow
+    when: "true"
+"""
+
+# The case the two once disagreed on: an integer compared with a double is
+# false for the C++ runtime and an error ("no matching overload") for cel-python.
+TESTS = """
+tests:
+  - name: a small refund
+    capability: orders.refund
+    actor: {id: bot-7, roles: [support], tenant: acme}
+    input: {order_id: A1, amount: 120}
+    expect: {effect: allow}
+"""
+
+
+def write_set(folder: Path, rules: str = RULES) -> Path:
+    (folder / "tests").mkdir(parents=True)
+    (folder / "rules.yaml").write_text(rules)
+    (folder / "tests" / "cases.yaml").write_text(TESTS)
+    return folder
+
+
+def test_a_case_the_evaluators_decide_differently_fails_the_policy_tests(tmp_path: Path) -> None:
+    folder = write_set(tmp_path / "policies")
+    policies = load_policies(folder, evaluator=CelCppEvaluator())
+    report = run_policy_tests(policies, folder)
+    (case,) = report.cases
+    assert not case.passed and case.disagreement is not None
+    assert case.disagreement.reference["effect"] == "error"
+    assert case.disagreement.fast["effect"] == "allow"
+
+
+def test_a_set_they_disagree_on_is_served_by_the_reference(tmp_path: Path) -> None:
+    folder = write_set(tmp_path / "policies")
+    policies = load_policies(folder, evaluator=CelCppEvaluator())
+    reason = fallback_reason(policies, folder)
+    assert reason is not None and "disagree" in reason
+    assert serving(policies, folder).evaluator.name == "cel-python"
+
+
+def test_a_set_they_agree_on_is_served_by_the_cpp_runtime(tmp_path: Path) -> None:
+    folder = write_set(tmp_path / "policies", RULES.replace("500.5", "500"))
+    policies = load_policies(folder, evaluator=CelCppEvaluator())
+    assert fallback_reason(policies, folder) is None
+    assert serving(policies, folder).evaluator.name == "cel-cpp"
+    assert run_policy_tests(policies, folder).ok
+
+
+def test_the_example_policies_are_decided_alike() -> None:
+    folder = Path(__file__).resolve().parents[2] / "policies"
+    policies = load_policies(folder, evaluator=CelCppEvaluator())
+    assert fallback_reason(policies, folder) is None
+
+
+# Expressions over two ints and a string, from a grammar both runtimes support.
+ints = st.recursive(
+    st.sampled_from(["x", "y", "0", "1", "-7", "500", "2"]),
+    lambda inner: st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "%"]), inner).map(
+        lambda t: f"({t[0]} {t[1]} {t[2]})"
+    ),
+    max_leaves=4,
+)
+strings = st.sampled_from(["s", '"bot-"', '(s + "x")', "string(x)"])
+bools = st.recursive(
+    st.one_of(
+        st.tuples(ints, st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), ints).map(
+            lambda t: f"{t[0]} {t[1]} {t[2]}"
+        ),
+        st.tuples(strings, strings).map(lambda t: f"{t[0]}.startsWith({t[1]})"),
+        st.tuples(strings, strings).map(lambda t: f"{t[0]} == {t[1]}"),
+        st.tuples(ints).map(lambda t: f"{t[0]} in [1, 2, 500]"),
+        st.tuples(strings).map(lambda t: f"size({t[0]}) > 3"),
+    ),
+    lambda inner: st.one_of(
+        st.tuples(inner, st.sampled_from(["&&", "||"]), inner).map(
+            lambda t: f"({t[0]} {t[1]} {t[2]})"
+        ),
+        inner.map(lambda e: f"!({e})"),
+    ),
+    max_leaves=4,
+)
+
+
+def outcome(evaluator: Any, expression: str, values: dict[str, Any]) -> Any:
+    program = evaluator.compile(expression)
+    try:
+        return program.evaluate(evaluator.activation(values))
+    except EvaluationError:
+        return "error"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    expression=bools,
+    x=st.integers(-1000, 1000),
+    y=st.integers(-1000, 1000),
+    s=st.sampled_from(["", "bot-7", "alice", "ünïcode"]),
+)
+def test_the_evaluators_agree_on_generated_expressions(
+    expression: str, x: int, y: int, s: str
+) -> None:
+    values = {"input": {}, "x": x, "y": y, "s": s}
+    fast, reference = CelCppEvaluator(), CelPythonEvaluator()
+    fast._env = _env_with(fast, ("x", "y", "s"))
+    assert outcome(fast, expression, values) == outcome(reference, expression, values)
+
+
+def _env_with(evaluator: CelCppEvaluator, names: tuple[str, ...]) -> Any:
+    from cel_expr_python import cel
+
+    declared = dict.fromkeys(("input", *names), cel.Type.DYN)
+    return cel.NewEnv(variables=declared)
