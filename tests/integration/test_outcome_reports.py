@@ -41,8 +41,11 @@ def test_an_outcome_reaches_a_plane_that_restarted_while_the_handler_ran(tmp_pat
     listen = f"127.0.0.1:{free_port()}"
     servers: list[Server] = [serve(Plane.from_config(config), listen)]
 
+    restarted = threading.Event()
+
     def restart_later() -> None:
         servers.append(serve(Plane.from_config(config), listen))
+        restarted.set()
 
     rt = warden.Runtime(listen, service="orders", token=ORDERS_TOKEN)
 
@@ -55,6 +58,8 @@ def test_an_outcome_reaches_a_plane_that_restarted_while_the_handler_ran(tmp_pat
     try:
         env = rt.invoke("orders.slow_write", {"n": 3}, actor=mint_token(config, subject="bot-7"))
         assert env.status == "succeeded", (env.error, env.error and env.error.cause)
+        # The restarted plane serves before all its processes have joined.
+        assert restarted.wait(timeout=30)
         plane = servers[-1].plane
         records = [
             (r["kind"], r["status"])
