@@ -32,8 +32,8 @@ test: $(STAMP) lint typecheck proto-check ## Lint, type-check, check generated c
 	$(BIN)/warden policy check policies
 	$(BIN)/warden policy test policies --min-coverage 100
 	$(BIN)/pytest -q
-	@echo "the integration tests again, against planes of two processes:"
-	WARDEN_TEST_PROCESSES=2 $(BIN)/pytest -q tests/integration
+	@echo "the integration tests again, against planes of two processes (single_process ones ran above):"
+	WARDEN_TEST_PROCESSES=2 $(BIN)/pytest -q -m "not single_process" tests/integration
 
 .PHONY: lint
 lint: $(STAMP) ## ruff check and ruff format --check
