@@ -23,7 +23,12 @@ from warden.shared.canonical import (
     strict_loads,
 )
 from warden.shared.codes import CODES
-from warden.shared.schema import InvalidSchemaError, compile_validator
+from warden.shared.schema import (
+    SENSITIVE,
+    InvalidSchemaError,
+    compile_validator,
+    marks_anything,
+)
 from warden_server.audit.events import AuditEvent, now_iso
 from warden_server.auth.services import Service
 from warden_server.errors import Conflict, InvalidRequest, PermissionDenied
@@ -99,6 +104,9 @@ class Capability:
     registered_at: str
     input_validator: Draft202012Validator = field(compare=False, repr=False)
     output_validator: Draft202012Validator = field(compare=False, repr=False)
+    sensitive_input: bool = field(default=True, compare=False, repr=False)
+    """Whether the input schema marks any field sensitive; when not, the input
+    is stored as it came (nothing to redact)."""
 
     @property
     def id(self) -> str:
@@ -278,6 +286,7 @@ class Registry:
                     registered_at=record.registered_at,
                     input_validator=compile_validator(definition.input_schema),
                     output_validator=compile_validator(definition.output_schema),
+                    sensitive_input=marks_anything(definition.input_schema, SENSITIVE),
                 )
                 self._cache[key] = cached
         return cached

@@ -357,3 +357,12 @@ def test_digest_changes_when_a_value_changes() -> None:
     assert digest(changed) != digest(DOC)
     assert digest({**DOC, "c": 1.25}) != digest(DOC)
     assert digest({**DOC, "b": "1"}) != digest(DOC)
+
+
+def test_marks_anything_finds_a_marking_at_any_depth() -> None:
+    from warden.shared.schema import SENSITIVE, marks_anything
+
+    nested = {"$defs": {"card": {"anyOf": [{"type": "string", SENSITIVE: True}]}}}
+    assert marks_anything(nested, SENSITIVE)
+    plain = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert not marks_anything(plain, SENSITIVE)

@@ -55,7 +55,12 @@ def _refuse_constant(name: str) -> None:
 
 def digest(value: JSONValue) -> str:
     """SHA-256 of the canonical form, as ``sha256:<hex>``."""
-    return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
+    return digest_of(canonical_json(value))
+
+
+def digest_of(canonical: bytes) -> str:
+    """``digest`` of a value whose canonical form is already at hand."""
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
 
 
 def compact_json(value: JSONValue) -> str:

@@ -22,7 +22,9 @@ exp    expires at (seconds since the epoch)
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -104,8 +106,23 @@ def encode(
         "iat": issued_at,
         "exp": claims.expires_at,
     }
-    headers = {"kid": kid or key_id(private_key.public_key())}
-    return jwt.encode(payload, private_key, algorithm=ALGORITHM, headers=headers)
+    # A compact JWS (RFC 7515) written directly: the header is the same for
+    # every grant of a key, and this runs for every grant the plane gives.
+    signing_input = (
+        _header(kid or key_id(private_key.public_key()))
+        + b"."
+        + _b64(json.dumps(payload, separators=(",", ":")).encode())
+    )
+    return (signing_input + b"." + _b64(private_key.sign(signing_input))).decode()
+
+
+@functools.lru_cache(maxsize=16)
+def _header(kid: str) -> bytes:
+    return _b64(json.dumps({"alg": ALGORITHM, "kid": kid, "typ": "JWT"}).encode())
+
+
+def _b64(data: bytes) -> bytes:
+    return base64.urlsafe_b64encode(data).rstrip(b"=")
 
 
 def decode(

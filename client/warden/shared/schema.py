@@ -194,6 +194,22 @@ def redact(
     return _walk(value, [schema], schema, SENSITIVE, True, replace)
 
 
+def marks_anything(schema: Schema, marking: str) -> bool:
+    """Whether ``marking`` appears anywhere in ``schema``: when it does not, no
+    value has a marked field (``redact`` and ``strip_model_hidden`` would copy
+    it unchanged)."""
+    pending: list[Any] = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, Mapping):
+            if marking in node:
+                return True
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return False
+
+
 def strip_model_hidden(value: JSONValue, schema: Schema) -> JSONValue:
     """A copy of ``value`` without the fields marked ``x-warden-model-visible: false``
     (array items become null, keeping positions; a hidden root becomes None)."""

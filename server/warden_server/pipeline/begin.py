@@ -337,9 +337,12 @@ def _redacted_input(plane: Plane, ctx: BeginContext) -> str | None:
     Without a known capability there is no way to know which fields are
     sensitive, so such input is not stored at all.
     """
-    if ctx.capability is None or ctx.input is None:
+    capability = ctx.capability
+    if capability is None or ctx.input is None:
         return None
-    return compact_json(plane.redaction.value(ctx.input, ctx.capability.definition.input_schema))
+    if not capability.sensitive_input:
+        return compact_json(ctx.input)
+    return compact_json(plane.redaction.value(ctx.input, capability.definition.input_schema))
 
 
 def reject(

@@ -6,9 +6,10 @@ what is wrong, never the value.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
-from warden.shared.canonical import NotCanonicalizable, canonical_value, digest, strict_loads
+from warden.shared.canonical import NotCanonicalizable, canonical_json, digest_of, strict_loads
 from warden.shared.schema import validation_issues
 from warden_server.pipeline.context import BeginContext
 from warden_server.pipeline.failure import Failure, fail
@@ -39,12 +40,16 @@ def validate(plane: Plane, ctx: BeginContext) -> Failure | None:
     if issues:
         return fail("INPUT_INVALID", "schema-violation", details={"issues": issues})
     try:
-        ctx.input = canonical_value(value)
+        canonical = canonical_json(value)
     except NotCanonicalizable:
         ctx.input = None  # nothing without a canonical form is stored or digested
         issue = {"path": "", "message": "must contain only valid Unicode text"}
         return fail("INPUT_INVALID", "not-canonicalizable", details={"issues": [issue]})
-    ctx.input_digest = digest(ctx.input)
+    # The value as its canonical form reads back (``1.0`` is ``1``), and the
+    # digest of those same bytes: what policies, approvers and the handler see
+    # is exactly what was digested.
+    ctx.input = json.loads(canonical)
+    ctx.input_digest = digest_of(canonical)
     return None
 
 

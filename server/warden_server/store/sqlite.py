@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +48,26 @@ _INSERT_AUDIT = (
     f"INSERT INTO audit_events ({', '.join(COLUMNS)}) "  # noqa: S608 (constant columns)
     f"VALUES ({', '.join(':' + c for c in COLUMNS)})"
 )
+
+
+def _insert(table: str, record_type: type) -> str:
+    names = [f.name for f in fields(record_type)]
+    return (
+        f"INSERT INTO {table} ({', '.join(names)}) "  # noqa: S608 (dataclass fields)
+        f"VALUES ({', '.join(':' + n for n in names)})"
+    )
+
+
+_INSERT_INVOCATION = _insert("invocations", InvocationRecord)
+_INSERT_APPROVAL = _insert("approvals", ApprovalRecord)
+
+
+def _row(record: Any) -> dict[str, Any]:
+    """A record's fields as named parameters (a shallow ``asdict``: records hold
+    only flat values, and this runs for every grant)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
 _STOP = object()
 _PURGE_BATCH = 100
 """Expired idempotency keys purged per reservation: bounded work per request."""
@@ -146,13 +166,8 @@ class SQLiteTransaction:
         )
 
     def insert_invocation(self, record: InvocationRecord) -> None:
-        row = asdict(record)
         try:
-            self._conn.execute(
-                f"INSERT INTO invocations ({', '.join(row)}) "  # noqa: S608 (dataclass fields)
-                f"VALUES ({', '.join(':' + k for k in row)})",
-                row,
-            )
+            self._conn.execute(_INSERT_INVOCATION, _row(record))
         except sqlite3.IntegrityError:
             raise Conflict(f"invocation id {record.invocation_id} was already granted") from None
 
@@ -165,12 +180,7 @@ class SQLiteTransaction:
         return bool(cursor.rowcount == 1)
 
     def insert_approval(self, record: ApprovalRecord) -> None:
-        row = asdict(record)
-        self._conn.execute(
-            f"INSERT INTO approvals ({', '.join(row)}) "  # noqa: S608 (dataclass fields)
-            f"VALUES ({', '.join(':' + k for k in row)})",
-            row,
-        )
+        self._conn.execute(_INSERT_APPROVAL, _row(record))
 
     def consume_approval(self, approval_id: str, consumed_at: str) -> bool:
         cursor = self._conn.execute(
