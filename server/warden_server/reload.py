@@ -119,7 +119,7 @@ class PolicyReloader:
             if status.rejected is not None and source.revision == status.rejected.revision:
                 return "unchanged"
             try:
-                policies = _compile(self._config, source, self._registry)
+                policies = _compile(self._config, source, self._registry, status.current)
             except PolicyLoadError as exc:
                 return self._refuse(exc)
             # Durable first: no decision can name a revision the log has not announced.
@@ -195,12 +195,15 @@ class PolicyReloader:
             log.exception("policy reload failed; the set in force stays")
 
 
-def _compile(config: Config, source: PolicySource, registry: Registry) -> PolicySet:
+def _compile(
+    config: Config, source: PolicySource, registry: Registry, in_force: PolicySet | None = None
+) -> PolicySet:
     compiled = compile_policies(
         source,
         default_effect=config.server.default_effect,
         evaluator=evaluator_for(config.server.evaluator),
         capabilities=input_schemas(registry),
+        reuse=in_force,
     )
     return serving(compiled, source.directory)
 

@@ -113,9 +113,10 @@ class _CelActivation:
 class _CelProgram:
     def __init__(self, runner: celpy.Runner, tree: lark.Tree[Any]) -> None:
         self._runner = runner
-        self.free_variables = frozenset(_free_identifiers(tree))
-        self.references = _references(tree, self.free_variables)
-        self.size = sum(1 for _ in tree.iter_subtrees())
+        subtrees = list(tree.iter_subtrees())  # walked once: lark's walk is costly
+        self.free_variables = frozenset(_free_identifiers(subtrees))
+        self.references = _references(subtrees, self.free_variables)
+        self.size = len(subtrees)
         self.depth = _depth(tree)
         self.comprehension_depth = _comprehension_depth(tree)
         self.reference: Program = self
@@ -207,10 +208,10 @@ def _to_python(value: Any) -> Any:
     return value
 
 
-def _free_identifiers(tree: lark.Tree[Any]) -> set[str]:
+def _free_identifiers(subtrees: list[lark.Tree[Any]]) -> set[str]:
     """Top-level identifiers, minus the variables that macros bind."""
     bound: set[str] = set()
-    for node in tree.iter_subtrees():
+    for node in subtrees:
         if node.data == "member_dot_arg" and len(node.children) >= 3:
             name = node.children[1]
             args = node.children[2]
@@ -219,7 +220,7 @@ def _free_identifiers(tree: lark.Tree[Any]) -> set[str]:
                 if first and len(first) == 1:
                     bound.add(first[0])
     free = set()
-    for node in tree.iter_subtrees():
+    for node in subtrees:
         if node.data == "ident" and node.children:
             free.add(str(node.children[0]))
     return free - bound
@@ -252,10 +253,10 @@ def _dotted(node: Any) -> list[str] | None:
     return None
 
 
-def _references(tree: lark.Tree[Any], free: frozenset[str]) -> tuple[Reference, ...]:
+def _references(subtrees: list[lark.Tree[Any]], free: frozenset[str]) -> tuple[Reference, ...]:
     """The longest member chain at each place a free variable is read."""
     longest: dict[tuple[int, int], Reference] = {}
-    for node in tree.iter_subtrees():
+    for node in subtrees:
         if node.data not in ("member_dot", "ident"):
             continue
         chain = _dotted(node)

@@ -9,6 +9,7 @@ is checked and what runs.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 from warden_server.policy import variables, yamlpos
 from warden_server.policy.cel import CelPythonEvaluator, CompileError, Evaluator, Program
 from warden_server.policy.engine import CompiledRule, PolicySet
-from warden_server.policy.globs import matches
+from warden_server.policy.globs import WILDCARDS, matches
 from warden_server.policy.inputs import InputSchema, missing_field
 from warden_server.policy.model import EXPRESSION_KEYS, PolicyFile, Rule, parse_duration
 
@@ -122,6 +123,7 @@ def compile_policies(
     default_effect: Literal["allow", "deny"] = "deny",
     evaluator: Evaluator | None = None,
     capabilities: Sequence[InputSchema] = (),
+    reuse: PolicySet | None = None,
 ) -> PolicySet:
     """Check and compile a policy folder as read.
 
@@ -131,16 +133,21 @@ def compile_policies(
         evaluator: The CEL evaluator (the reference one by default).
         capabilities: Known capabilities' input schemas: when given, every
             ``input.x`` a rule reads must be declared by a capability it matches.
+        reuse: The set in force: an expression it compiled already (with the
+            same evaluator) is not compiled again. Programs are immutable, and
+            checking still runs for every expression, so this changes no result.
 
     Raises:
         PolicyLoadError: any problem in any file (all of them, sorted).
     """
     evaluator = evaluator or CelPythonEvaluator()
+    index = SchemasByGlob(capabilities)
+    programs = _programs_of(reuse) if reuse and reuse.evaluator.name == evaluator.name else {}
     problems: list[Problem] = []
     rules: list[CompiledRule] = []
     ids: list[tuple[str, str, str, yamlpos.Position]] = []
     for name, raw in source.files:
-        checker = _FileChecker(str(source.directory / name), evaluator, capabilities, problems)
+        checker = _FileChecker(str(source.directory / name), evaluator, index, problems, programs)
         rules.extend(checker.check(raw))
         ids.extend(checker.ids)
     first_seen: dict[str, tuple[str, yamlpos.Position]] = {}
@@ -168,6 +175,18 @@ def compile_policies(
         evaluator=evaluator,
         default_effect=default_effect,
     )
+
+
+def _programs_of(policies: PolicySet) -> dict[str, Program]:
+    programs: dict[str, Program] = {}
+    for compiled in policies.rules:
+        rule = compiled.rule
+        programs[rule.when] = compiled.when
+        if rule.message_expr is not None and compiled.message_expr is not None:
+            programs[rule.message_expr] = compiled.message_expr
+        if compiled.approvers is not None:
+            programs[rule.approvers or "true"] = compiled.approvers
+    return programs
 
 
 def load_policies(
@@ -213,6 +232,43 @@ def dotted(path: Sequence[Any]) -> str:
     return out
 
 
+class SchemasByGlob:
+    """The input schemas whose capability ids some glob matches.
+
+    Ids are kept sorted, so a glob is tried only against the ids that start
+    with its literal prefix (``orders.`` for ``orders.*``): a set of thousands
+    of rules over thousands of capabilities is checked without comparing
+    every rule with every capability.
+    """
+
+    def __init__(self, schemas: Sequence[InputSchema]) -> None:
+        order = sorted(range(len(schemas)), key=lambda i: schemas[i].capability_id)
+        self._schemas = schemas
+        self._order = order
+        self._ids = [schemas[i].capability_id for i in order]
+        self._found: dict[str, list[int]] = {}
+
+    def matching(self, globs: Sequence[str]) -> list[InputSchema]:
+        """The schemas any of ``globs`` matches, in the order they were given."""
+        positions = sorted({p for glob in globs for p in self._positions(glob)})
+        return [self._schemas[p] for p in positions]
+
+    def _positions(self, glob: str) -> list[int]:
+        found = self._found.get(glob)
+        if found is None:
+            cut = min((glob.index(c) for c in WILDCARDS if c in glob), default=len(glob))
+            prefix = glob[:cut]
+            start = bisect.bisect_left(self._ids, prefix)
+            found = []
+            for i in range(start, len(self._ids)):
+                if not self._ids[i].startswith(prefix):
+                    break
+                if matches(self._ids[i], glob):
+                    found.append(self._order[i])
+            self._found[glob] = found
+        return found
+
+
 class _FileChecker:
     """Checks one policy file, adding its problems to a shared list."""
 
@@ -220,9 +276,12 @@ class _FileChecker:
         self,
         file: str,
         evaluator: Evaluator,
-        capabilities: Sequence[InputSchema],
+        capabilities: SchemasByGlob,
         problems: list[Problem],
+        programs: dict[str, Program],
     ) -> None:
+        self.programs = programs
+        """Compiled programs by expression text, shared by the files of a set."""
         self.file = file
         self.evaluator = evaluator
         self.capabilities = capabilities
@@ -285,11 +344,7 @@ class _FileChecker:
         before = len(self.problems)
         id_path: yamlpos.Path = (*base, "id")
         self.ids.append((rule.id, self.file, dotted(id_path), self.document.position(id_path)))
-        schemas = [
-            s
-            for s in self.capabilities
-            if any(matches(s.capability_id, g) for g in rule.capabilities)
-        ]
+        schemas = self.capabilities.matching(rule.capabilities)
         hide = rule.effect == "hide"
         when = self._expression((*base, "when"), rule.when, _allowed("when", hide), schemas)
         message_expr = None
@@ -336,11 +391,14 @@ class _FileChecker:
                 f"limit {MAX_EXPRESSION_CHARS})",
             )
             return None
-        try:
-            program = self.evaluator.compile(text)
-        except CompileError as exc:
-            self.problem(path, str(exc), self.document.position_in(path, exc.line, exc.column))
-            return None
+        program = self.programs.get(text)
+        if program is None:
+            try:
+                program = self.evaluator.compile(text)
+            except CompileError as exc:
+                self.problem(path, str(exc), self.document.position_in(path, exc.line, exc.column))
+                return None
+            self.programs[text] = program
         reported: set[str] = set()
         for ref in program.references:
             at = self.document.position_in(path, ref.line, ref.column)

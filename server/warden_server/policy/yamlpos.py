@@ -10,6 +10,10 @@ import yaml
 
 Path = tuple[str | int, ...]
 
+_COMPOSER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's parser where PyYAML was built with it (the wheels are): the same
+nodes and marks, several times faster than the pure-Python one."""
+
 
 @dataclass(frozen=True, slots=True)
 class Position:
@@ -77,7 +81,7 @@ def load(text: str) -> Document:
         YAMLSyntaxError: the text is not YAML (with the position of the problem).
     """
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = _compose(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         position = Position(mark.line + 1, mark.column + 1) if mark else Position(1, 1)
@@ -88,29 +92,50 @@ def load(text: str) -> Document:
         raise YAMLSyntaxError(f"YAML syntax error: {exc}", Position(1, 1)) from None
     document = Document(data=None)
     if node is not None:
-        document.data = _convert(node, (), document, text.splitlines())
+        constructor = yaml.SafeLoader("")
+        try:
+            document.data = _convert(node, (), document, text.splitlines(), constructor)
+        finally:
+            constructor.dispose()
     return document
+
+
+def _compose(text: str) -> yaml.Node | None:
+    try:
+        return yaml.compose(text, Loader=_COMPOSER)
+    except yaml.YAMLError:
+        # libyaml words its errors tersely: the pure-Python parser, which
+        # accepts the same YAML, says what it expected and found instead.
+        return yaml.compose(text, Loader=yaml.SafeLoader)
 
 
 def _position(mark: Any) -> Position:
     return Position(mark.line + 1, mark.column + 1)
 
 
-def _convert(node: yaml.Node, path: Path, document: Document, lines: list[str]) -> Any:
+def _convert(
+    node: yaml.Node, path: Path, document: Document, lines: list[str], loader: yaml.SafeLoader
+) -> Any:
     document.positions[path] = _position(node.start_mark)
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = _scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else "<complex key>"
+            key = (
+                _scalar(key_node, loader)
+                if isinstance(key_node, yaml.ScalarNode)
+                else "<complex key>"
+            )
             child: Path = (*path, key)
             if key in result:
                 document.duplicates.append((child, _position(key_node.start_mark)))
             else:
                 document.keys[child] = _position(key_node.start_mark)
-            result[key] = _convert(value_node, child, document, lines)
+            result[key] = _convert(value_node, child, document, lines, loader)
         return result
     if isinstance(node, yaml.SequenceNode):
-        return [_convert(item, (*path, i), document, lines) for i, item in enumerate(node.value)]
+        return [
+            _convert(item, (*path, i), document, lines, loader) for i, item in enumerate(node.value)
+        ]
     assert isinstance(node, yaml.ScalarNode)
     document.scalars[path] = Scalar(
         style=node.style,
@@ -120,7 +145,7 @@ def _convert(node: yaml.Node, path: Path, document: Document, lines: list[str]) 
         if node.style in ("|", ">")
         else 0,
     )
-    return _scalar(node)
+    return _scalar(node, loader)
 
 
 def _block_indent(lines: list[str], first: int) -> int:
@@ -131,9 +156,5 @@ def _block_indent(lines: list[str], first: int) -> int:
     return 1
 
 
-def _scalar(node: yaml.ScalarNode) -> Any:
-    loader = yaml.SafeLoader("")
-    try:
-        return loader.construct_object(node)
-    finally:
-        loader.dispose()
+def _scalar(node: yaml.ScalarNode, loader: yaml.SafeLoader) -> Any:
+    return loader.construct_object(node)
