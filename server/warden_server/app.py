@@ -184,7 +184,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
             running.stop(grace=0)
             raise
     log.info(
-        "warden listening on %s:%d (policy revision %s, %s, process %d of %d)",
+        "warden listening on %s:%d (policy revision %s, %s, pid %d, one of %d processes)",
         host,
         port,
         plane.policies.current().revision[:12],
