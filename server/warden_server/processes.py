@@ -147,7 +147,11 @@ def main() -> None:
     except Exception as exc:
         print(f"failed: {exc}", flush=True)
         sys.exit(1)
-    print(READY, flush=True)
+    try:
+        print(READY, flush=True)
+    except BrokenPipeError:  # the first process went away while this one started
+        server.stop(grace=0)
+        return
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nobody reads the pipe from now on
     stopping = threading.Event()
 

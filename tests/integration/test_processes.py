@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,3 +73,41 @@ def test_a_second_plane_cannot_share_the_port(
     )
     with pytest.raises(OSError, match="in use"):
         serve(Plane.from_config(config), plant.target)
+
+
+def test_a_plane_told_to_stop_while_its_processes_start_stops_cleanly(tmp_path: Path) -> None:
+    from tests.integration.test_cli import free_port, warden_command, write_config
+
+    config_path = write_config(tmp_path / "cli")
+    target = f"127.0.0.1:{free_port()}"
+    process = subprocess.Popen(
+        [
+            *warden_command(),
+            "serve",
+            "--config",
+            str(config_path),
+            "--listen",
+            target,
+            "--processes",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the first process listens before the second has joined
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", int(target.rpartition(":")[2]))) == 0:
+                    break
+            assert time.monotonic() < deadline, "the plane never listened"
+            time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert "received SIGTERM, stopping" in stderr

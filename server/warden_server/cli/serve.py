@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +47,7 @@ def serve(
     log_format: Literal["text", "json"] | None,
 ) -> None:
     """Serve the plane until interrupted."""
+    from warden_server.app import Server
     from warden_server.app import serve as start
     from warden_server.plane import Plane
 
@@ -64,10 +66,24 @@ def serve(
         raise click.ClickException(f"the policy set has problems:\n{exc}") from None
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    # Asked to stop while still starting (the other processes take a moment):
+    # stop as soon as serving has begun, rather than die half-started.
+    stopping = threading.Event()
+    running: list[Server] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        click.echo(f"received {signal.Signals(signum).name}, stopping", err=True)
+        stopping.set()
+        if running:
+            running[0].stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         server = start(plane, config.server.listen)
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
+    running.append(server)
     count = config.process_count
     click.echo(
         f"warden serving on {server.target} (store {config.store_path}, "
@@ -77,11 +93,6 @@ def serve(
     if server.metrics_port is not None:
         host = (config.telemetry.metrics_listen or "").rpartition(":")[0]
         click.echo(f"metrics on http://{host}:{server.metrics_port}/metrics", err=True)
-
-    def stop(signum: int, _frame: Any) -> None:
-        click.echo(f"received {signal.Signals(signum).name}, stopping", err=True)
+    if stopping.is_set():
         server.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     server.wait()
