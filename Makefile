@@ -31,9 +31,9 @@ run: $(STAMP) ## Serve the plane on 127.0.0.1:50051 with policies/ and var/warde
 test: $(STAMP) lint typecheck proto-check ## Lint, type-check, check generated code, run every test
 	$(BIN)/warden policy check policies
 	$(BIN)/warden policy test policies --min-coverage 100
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto
 	@echo "the integration tests again, against planes of two processes (single_process ones ran above):"
-	WARDEN_TEST_PROCESSES=2 $(BIN)/pytest -q -m "not single_process" tests/integration
+	WARDEN_TEST_PROCESSES=2 $(BIN)/pytest -q -n auto -m "not single_process" tests/integration
 
 .PHONY: lint
 lint: $(STAMP) ## ruff check and ruff format --check
