@@ -15,7 +15,9 @@ connections and threads; what they share lives in the store:
 - watchers hear every process's approval changes from the audit log
   (``approvals/tail.py``);
 - each process watches the policy folder, and a revision is announced in the
-  log once, before any process decides with it;
+  log once, before any process decides with it; for a moment after a change
+  (the watcher's debounce), processes may serve different revisions, and
+  ``Policies.GetStatus`` reports the process that answers;
 - the first process alone sweeps expired approvals, prunes and serves
   ``/metrics``.
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from click.testing import CliRunner, Result
 
 from tests.conftest import EXAMPLE_POLICIES, ORDERS_TOKEN, Plant
@@ -44,6 +45,10 @@ def started_with_orders(
     return plant
 
 
+# Each process watches the folder and reports its own status: with several,
+# the one that answers may not have read the change yet when another recorded
+# it (test_processes.py waits for every process instead).
+@pytest.mark.single_process
 def test_status_shows_the_set_in_force_and_a_refused_change(
     start_plane: Callable[..., Plant], tmp_path: Path, orders_example: ModuleType
 ) -> None:
