@@ -106,6 +106,21 @@ def start_plane(config: Path, port: int) -> subprocess.Popen[bytes]:
     )
 
 
+ECHO_POLICIES = """
+rules:
+  - id: members-may-echo
+    capabilities: ["bench.*"]
+    effect: allow
+    when: '"member" in actor.roles && input.n >= 0'
+  - id: no-big-numbers
+    capabilities: ["bench.echo"]
+    effect: deny
+    when: input.n > 1000000
+    message: "Use a smaller number."
+"""
+"""The policies of the end-to-end benchmarks' ``bench.echo`` capability."""
+
+
 def stop_plane(process: subprocess.Popen[bytes]) -> None:
     """Stop a plane as an operator would (SIGTERM), and wait for it."""
     if process.poll() is None:

@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import BaseModel
 
 import warden
-from benchmarks import plane, verdict, write_results
+from benchmarks import ECHO_POLICIES, plane, verdict, write_results
 from warden_server.auth.actors import mint_token
 from warden_server.config import load_config
 
@@ -37,19 +37,6 @@ CONCURRENT_TARGET = 1.2
 CALLS = 300
 QUICK_CALLS = 30
 THREADS = 8
-
-POLICIES = """
-rules:
-  - id: members-may-echo
-    capabilities: ["bench.*"]
-    effect: allow
-    when: '"member" in actor.roles && input.n >= 0'
-  - id: no-big-numbers
-    capabilities: ["bench.echo"]
-    effect: deny
-    when: input.n > 1000000
-    message: "Use a smaller number."
-"""
 
 
 class Echo(BaseModel):
@@ -61,7 +48,7 @@ def run(quick: bool = False) -> bool:
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         (root / "policies").mkdir()
-        (root / "policies" / "bench.yaml").write_text(POLICIES)
+        (root / "policies" / "bench.yaml").write_text(ECHO_POLICIES)
         (root / "warden.toml").write_text(CONFIG)
         config = load_config(root / "warden.toml", environ={})
         actor = mint_token(config, subject="b", roles=["member"])

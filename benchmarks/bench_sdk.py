@@ -31,7 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import BaseModel
 
 import warden
-from benchmarks import percentile, plane, verdict, warden_command, write_results
+from benchmarks import ECHO_POLICIES, percentile, plane, verdict, warden_command, write_results
 from warden_server.auth.actors import mint_token
 from warden_server.config import load_config
 
@@ -43,19 +43,6 @@ DURATION_S = 60.0
 QUICK_SEQUENTIAL_CALLS = 30
 QUICK_CONCURRENCY = 20
 QUICK_DURATION_S = 2.0
-
-POLICIES = """
-rules:
-  - id: members-may-echo
-    capabilities: ["bench.*"]
-    effect: allow
-    when: '"member" in actor.roles && input.n >= 0'
-  - id: no-big-numbers
-    capabilities: ["bench.echo"]
-    effect: deny
-    when: input.n > 1000000
-    message: "Use a smaller number."
-"""
 
 CONFIG = """
 [server]
@@ -98,7 +85,7 @@ def run(quick: bool = False) -> bool:
     with tempfile.TemporaryDirectory(prefix="warden-bench-") as folder:
         root = Path(folder)
         (root / "policies").mkdir()
-        (root / "policies" / "bench.yaml").write_text(POLICIES)
+        (root / "policies" / "bench.yaml").write_text(ECHO_POLICIES)
         config_file = root / "warden.toml"
         config_file.write_text(CONFIG)
         actor = mint_token(

@@ -63,16 +63,11 @@ def run(
     except install.InstallError as error:
         print(f"peers: cannot run: {error}")
         return False
-    has_processes = targets.warden_supports_processes()
-    if has_processes:
-        served = wanted
-        print(f"  warden serve --processes {served}; the echo runs {served} processes too")
-    else:
-        served = 1
-        print(
-            "  warden serve has no --processes yet: warden and the echo run 1 process each "
-            f"(asked for {wanted}); cerbos is one Go process using every core"
-        )
+    served = wanted
+    print(
+        f"  warden serve --processes {served}; the echo runs {served} processes too; "
+        "cerbos is one Go process using every core"
+    )
     print(
         f"  {os.cpu_count()} CPUs, {rounds} round(s) of {duration:g} s per point "
         f"after {warmup:g} s warmup, in flight {', '.join(map(str, inflights))}"
@@ -127,7 +122,6 @@ def run(
             "quick": quick,
             "cpus": os.cpu_count(),
             "server_processes": served,
-            "warden_has_processes_flag": has_processes,
             "rounds": rounds,
             "duration_s": duration,
             "warmup_s": warmup,

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 
 import warden
+from benchmarks import stop_plane
 from benchmarks.peers import echo, workload
 from warden.v1 import governor_pb2
 from warden_server.auth.actors import mint_token
@@ -110,12 +111,7 @@ def running(
     try:
         yield make(process)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_plane(process)
 
 
 def actor_token() -> str:
@@ -127,17 +123,6 @@ def actor_token() -> str:
         roles=workload.ACTOR_ROLES,
         tenant=workload.ACTOR_TENANT,
     )
-
-
-def warden_supports_processes() -> bool:
-    """``warden serve --processes`` is new; older planes serve from one process."""
-    shown = subprocess.run(
-        [sys.executable, "-m", "warden_server.cli", "serve", "--help"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    return "--processes" in shown
 
 
 @contextmanager
@@ -161,8 +146,7 @@ def warden_plane(folder: Path, processes: int, actor_token: str) -> Iterator[Tar
         "--log-level",
         "WARNING",
     ]
-    if processes > 1:
-        command += ["--processes", str(processes)]
+    command += ["--processes", str(processes)]
     request = governor_pb2.BeginRequest(
         invocation_id=workload.ID_PLACEHOLDER,
         capability_id=workload.CAPABILITY,
