@@ -34,6 +34,10 @@ CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    # A runtime keeps a connection of its own. gRPC otherwise shares one
+    # between every channel to the same target in a process, and a plane of
+    # several processes is spread by connection: all of them would reach one.
+    ("grpc.use_local_subchannel_pool", 1),
 )
 
 _TRANSIENT = frozenset(

@@ -8,11 +8,12 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
-from tests.conftest import EXAMPLE_POLICIES, Plant, copy_policies
+from tests.conftest import EXAMPLE_POLICIES, ORDERS_TOKEN, Plant, copy_policies
 from warden.v1 import policy_pb2, policy_pb2_grpc
 from warden_server.app import serve
 from warden_server.plane import Plane
@@ -111,3 +112,56 @@ def test_a_plane_told_to_stop_while_its_processes_start_stops_cleanly(tmp_path: 
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr
     assert "received SIGTERM, stopping" in stderr
+
+
+def test_si4_processes_extend_one_chain_without_forks(
+    start_plane: Callable[..., Plant], orders_example: Any
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from warden_server.audit.reader import verify
+
+    plant = start_plane(processes=2)
+    actor = plant.token()
+    registry = plant.server.plane.telemetry.metrics.registry
+
+    def begins_here() -> float:
+        labels = {"method": "warden.v1.Governor/Begin", "code": "OK"}
+        return registry.get_sample_value("warden_rpc_duration_seconds_count", labels) or 0.0
+
+    def refund(rt: Any) -> str:
+        return str(
+            rt.invoke("orders.refund", {"order_id": "A1", "amount": 120}, actor=actor).status
+        )
+
+    # Each runtime opens its own connection, and the kernel puts each on one of
+    # the processes: open them until both processes serve some (the first
+    # process counts only the calls it serves).
+    runtimes: list[Any] = []
+    served_by = set()
+    try:
+        while served_by != {"first", "other"}:
+            assert len(runtimes) < 40, "the kernel never spread the connections"
+            rt = orders_example.build_runtime(plant.target, ORDERS_TOKEN)
+            runtimes.append(rt)
+            rt.register()
+            before = begins_here()
+            assert refund(rt) == "succeeded"
+            served_by.add("first" if begins_here() > before else "other")
+
+        def calls(rt: Any) -> list[str]:
+            return [refund(rt) for _ in range(15)]
+
+        with ThreadPoolExecutor(len(runtimes)) as pool:
+            statuses = [s for done in pool.map(calls, runtimes) for s in done]
+    finally:
+        for rt in runtimes:
+            rt.close()
+    total = 16 * len(runtimes)
+    assert statuses == ["succeeded"] * 15 * len(runtimes)
+    rows = plant.rows("SELECT seq, kind, status FROM audit_events ORDER BY seq")
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
+    outcomes = [r for r in rows if r["kind"] == "outcome" and r["status"] == "succeeded"]
+    assert len(outcomes) == total
+    result = verify(plant.server.plane.store)
+    assert result.ok, result.problem
