@@ -4,6 +4,7 @@ from gRPC status to the SDK's errors. No ``grpc.RpcError`` leaves this module.""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
@@ -53,8 +54,31 @@ class _Stubs:
         self.grant_keys = grants_pb2_grpc.GrantKeysStub(channel)
 
 
+CONNECTIONS = 4
+"""Connections a runtime opens to the plane (per event loop), used in turn: a
+plane of several processes is spread by connection, so one busy service
+reaches all of them."""
+
+
+class _Pool:
+    """The connections of one event loop, handed out in turn."""
+
+    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None) -> None:
+        self._stubs = [
+            _Stubs(aio_channel(target, credentials, CHANNEL_OPTIONS)) for _ in range(CONNECTIONS)
+        ]
+        self._turn = itertools.count()
+
+    def next(self) -> _Stubs:
+        return self._stubs[next(self._turn) % len(self._stubs)]
+
+    async def close(self) -> None:
+        for stubs in self._stubs:
+            await stubs.channel.close(grace=None)
+
+
 class Transport:
-    """Async gRPC access to the plane, one channel per event loop."""
+    """Async gRPC access to the plane: a few connections per event loop."""
 
     def __init__(
         self, target: str, token: str, *, timeout_s: float, tls: TLS | None = None
@@ -63,17 +87,16 @@ class Transport:
         self._metadata = ((SERVICE_TOKEN_METADATA, token),)
         self._timeout_s = timeout_s
         self._credentials = _credentials(tls)
-        self._stubs: dict[asyncio.AbstractEventLoop, _Stubs] = {}
+        self._pools: dict[asyncio.AbstractEventLoop, _Pool] = {}
 
     def _for_loop(self) -> _Stubs:
         loop = asyncio.get_running_loop()
-        stubs = self._stubs.get(loop)
-        if stubs is None:
-            for stale in [lp for lp in self._stubs if lp.is_closed()]:
-                del self._stubs[stale]
-            stubs = _Stubs(aio_channel(self.target, self._credentials, CHANNEL_OPTIONS))
-            self._stubs[loop] = stubs
-        return stubs
+        pool = self._pools.get(loop)
+        if pool is None:
+            for stale in [lp for lp in self._pools if lp.is_closed()]:
+                del self._pools[stale]
+            pool = self._pools[loop] = _Pool(self.target, self._credentials)
+        return pool.next()
 
     async def begin(self, request: governor_pb2.BeginRequest) -> governor_pb2.BeginResponse:
         """Begin; raises CapabilityError(GOVERNANCE_UNAVAILABLE) when the plane
@@ -152,10 +175,10 @@ class Transport:
             raise governance_error(exc.code(), exc.details() or "", self.target) from None
 
     async def aclose(self) -> None:
-        """Close the channel of the running loop."""
-        stubs = self._stubs.pop(asyncio.get_running_loop(), None)
-        if stubs is not None:
-            await stubs.channel.close(grace=None)
+        """Close the connections of the running loop."""
+        pool = self._pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.close()
 
 
 class PlaneRefusedError(Exception):
