@@ -145,7 +145,9 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     except OSError:
         plane.close()
         raise
-    metrics_listen = None if plane.joined else plane.config.telemetry.metrics_listen
+    metrics_listen = plane.config.telemetry.metrics_listen
+    if metrics_listen and plane.joined:
+        metrics_listen = "127.0.0.1:0"  # read by the first process, which serves the sum
     try:
         metrics_port = plane.telemetry.serve_metrics(metrics_listen) if metrics_listen else None
     except OSError as exc:
@@ -180,6 +182,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
             running.joined = JoinedProcesses.start(
                 plane.config, f"{host}:{port}", processes - 1, plane.secrets()
             )
+            plane.telemetry.peer_metrics_ports = running.joined.metrics_ports
         except OSError:
             running.stop(grace=0)
             raise

@@ -119,7 +119,7 @@ class Plane:
     """Checks retention checkpoints; a ``CheckpointSigner`` where this plane prunes."""
     joined: bool = False
     """This process joined a plane another process started (``[server] processes``):
-    that one alone sweeps approvals, prunes and serves metrics."""
+    that one alone sweeps approvals and prunes, and serves the plane's metrics."""
 
     @classmethod
     def from_config(

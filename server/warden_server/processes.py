@@ -18,8 +18,9 @@ connections and threads; what they share lives in the store:
   log once, before any process decides with it; for a moment after a change
   (the watcher's debounce), processes may serve different revisions, and
   ``Policies.GetStatus`` reports the process that answers;
-- the first process alone sweeps expired approvals, prunes and serves
-  ``/metrics``.
+- the first process alone sweeps expired approvals and prunes; it serves
+  ``/metrics`` for the plane, adding the figures of the others (each serves
+  its own on a loopback port only the first one reads).
 
 The first process hands the others its config and the keys it may have made
 at start on their standard input, never on a command line or in the
@@ -60,6 +61,8 @@ class JoinedProcesses:
 
     def __init__(self, processes: list[subprocess.Popen[str]]) -> None:
         self._processes = processes
+        self.metrics_ports: tuple[int, ...] = ()
+        """Where each serves its ``/metrics`` on loopback, when the plane serves metrics."""
 
     @property
     def pids(self) -> list[int]:
@@ -96,8 +99,8 @@ class JoinedProcesses:
                 assert process.stdin is not None
                 process.stdin.write(spec + "\n")
                 process.stdin.flush()
-            for process in started._processes:
-                _await_ready(process)
+            ports = [_await_ready(process) for process in started._processes]
+            started.metrics_ports = tuple(p for p in ports if p is not None)
         except BaseException:
             started.stop(grace=0)
             raise
@@ -121,12 +124,14 @@ class JoinedProcesses:
         self._processes = []
 
 
-def _await_ready(process: subprocess.Popen[str]) -> None:
+def _await_ready(process: subprocess.Popen[str]) -> int | None:
+    """The process's ``/metrics`` port (None when it serves none), once it serves."""
     assert process.stdout is not None
     ready, _, _ = select.select([process.stdout], [], [], START_TIMEOUT_S)
     line = process.stdout.readline().strip() if ready else ""
-    if line == READY:
-        return
+    word, _, port = line.partition(" ")
+    if word == READY:
+        return int(port) if port else None
     if not ready:
         raise ProcessStartError(f"a joining process did not start in {START_TIMEOUT_S:.0f} s")
     code = process.poll()
@@ -150,7 +155,7 @@ def main() -> None:
         print(f"failed: {exc}", flush=True)
         sys.exit(1)
     try:
-        print(READY, flush=True)
+        print(f"{READY} {server.metrics_port or ''}".strip(), flush=True)
     except BrokenPipeError:  # the first process went away while this one started
         server.stop(grace=0)
         return

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,49 @@ def test_si4_processes_extend_one_chain_without_forks(
     assert len(outcomes) == total
     result = verify(plant.server.plane.store)
     assert result.ok, result.problem
+
+
+def test_metrics_count_the_calls_every_process_served(tmp_path: Path, orders_example: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.conftest import make_config
+
+    config = make_config(tmp_path, processes=2)
+    config = config.model_copy(
+        update={"telemetry": config.telemetry.model_copy(update={"metrics_listen": "127.0.0.1:0"})}
+    )
+    server = serve(Plane.from_config(config), "127.0.0.1:0")
+    plant = Plant(server, tmp_path)
+    own = server.plane.telemetry.metrics.registry
+    granted = {"stage": "none", "code": "none", "status": "granted"}
+
+    def counted_here() -> float:
+        return own.get_sample_value("warden_decisions_total", granted) or 0.0
+
+    runtimes: list[Any] = []
+    calls = 0
+    try:
+        # Until some calls were served by the other process (the kernel
+        # spreads connections), call through more runtimes.
+        while counted_here() == calls:
+            assert len(runtimes) < 20, "the kernel never spread the connections"
+            rt = orders_example.build_runtime(plant.target, ORDERS_TOKEN)
+            runtimes.append(rt)
+            rt.register()
+            for _ in range(8):
+                env = rt.invoke("orders.get", {"order_id": "A1"}, actor=plant.token())
+                assert env.status == "succeeded"
+                calls += 1
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as page:
+            text = page.read().decode()
+    finally:
+        for rt in runtimes:
+            rt.close()
+        server.stop(grace=0)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("warden_decisions_total", tuple(sorted(granted.items())))] == calls
+    assert counted_here() < calls

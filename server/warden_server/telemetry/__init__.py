@@ -60,6 +60,9 @@ class Telemetry:
             self.export_spans(SimpleSpanProcessor(ConsoleSpanExporter()))
         self.metrics = Metrics()
         self._endpoint: MetricsEndpoint | None = None
+        self.peer_metrics_ports: tuple[int, ...] = ()
+        """The ``/metrics`` ports of the plane's other processes, whose figures
+        this process's ``/metrics`` adds to its own."""
 
     def export_spans(self, processor: SpanProcessor) -> None:
         """Send every span from now on to ``processor``."""
@@ -120,7 +123,7 @@ class Telemetry:
             OSError: the address cannot be bound.
         """
         if self._endpoint is None:
-            self._endpoint = MetricsEndpoint(self.metrics, listen)
+            self._endpoint = MetricsEndpoint(self.metrics, listen, lambda: self.peer_metrics_ports)
         return self._endpoint.port
 
     def close(self) -> None:

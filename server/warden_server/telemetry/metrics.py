@@ -6,13 +6,20 @@ sets, never ids, inputs or messages (SI-5).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from warden_server.audit.events import AuditEvent
+
+log = logging.getLogger(__name__)
 
 NONE: Final = "none"
 """The label value for an absent stage or code (a grant has neither)."""
@@ -122,12 +129,21 @@ class Metrics:
 
 
 class MetricsEndpoint:
-    """The HTTP server for ``/metrics``, on its own thread."""
+    """The HTTP server for ``/metrics``, on its own thread.
 
-    def __init__(self, metrics: Metrics, listen: str) -> None:
+    With ``peers`` (the ``/metrics`` ports of the plane's other processes),
+    it serves the plane's figures whole: counters and histograms summed over
+    every process, gauges at their largest.
+    """
+
+    def __init__(
+        self, metrics: Metrics, listen: str, peers: Callable[[], Sequence[int]] = tuple
+    ) -> None:
         host, _, port = listen.rpartition(":")
+        registry = CollectorRegistry()
+        registry.register(_Combined(metrics.registry, peers))
         self._server, self._thread = start_http_server(
-            int(port), addr=host or "127.0.0.1", registry=metrics.registry
+            int(port), addr=host or "127.0.0.1", registry=registry
         )
         self.port: int = self._server.server_port
 
@@ -135,3 +151,55 @@ class MetricsEndpoint:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+class _Combined(Collector):
+    """This process's registry plus the expositions of the plane's other processes."""
+
+    def __init__(self, own: CollectorRegistry, peers: Callable[[], Sequence[int]]) -> None:
+        self._own = own
+        self._peers = peers
+
+    def collect(self) -> Iterable[Metric]:
+        texts = [generate_latest(self._own).decode()]
+        for port in self._peers():
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/metrics", timeout=PEER_SCRAPE_TIMEOUT_S
+                ) as answer:
+                    texts.append(answer.read().decode())
+            except OSError:
+                # A process stopping or restarting: serve what the others counted.
+                log.warning("the plane process with metrics on port %d did not answer", port)
+        return merge_expositions(texts)
+
+
+PEER_SCRAPE_TIMEOUT_S: Final = 2.0
+
+
+def merge_expositions(texts: Iterable[str]) -> list[Metric]:
+    """Several processes' figures as one plane's: counters and histograms summed,
+    gauges at their largest, ``_created`` at its earliest."""
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            merged = families.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type)
+            )
+            samples = values.setdefault(family.name, {})
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                known = samples.get(key)
+                if known is None:
+                    samples[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    samples[key] = min(known, sample.value)
+                elif merged.type == "gauge":
+                    samples[key] = max(known, sample.value)
+                else:
+                    samples[key] = known + sample.value
+    for name, merged in families.items():
+        for (sample_name, labels), value in values[name].items():
+            merged.add_sample(sample_name, dict(labels), value)
+    return list(families.values())
