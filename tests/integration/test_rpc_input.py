@@ -1032,3 +1032,41 @@ def test_complete_twice_is_already_exists(lab_plant: Plant, lab_stubs: Stubs) ->
     assert row["status"] == "succeeded"
     assert invocation_state(lab_plant, invocation_id) == "completed"
     assert_chain_intact(lab_plant)
+
+
+@pytest.mark.parametrize(
+    ("input_json", "decided"),
+    [('{"n": 1}', "granted"), ('{"n": 101}', "failed"), ('{"n": 42}', "suspended")],
+    ids=["grant", "denial", "suspension"],
+)
+def test_si3_concurrent_begins_with_one_invocation_id_make_one_decision(
+    lab_plant: Plant, lab_stubs: Stubs, input_json: str, decided: str
+) -> None:
+    """The store, not a read before the write, makes an id good for one decision:
+    twelve Begins racing with one id give one decision (and at most one
+    approval request) and eleven INVALID_ARGUMENTs, each on the record."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    request = begin_request(lab_plant, input_json=input_json)
+
+    def attempt(_: int) -> str:
+        try:
+            lab_stubs.governor.Begin(request, metadata=ORDERS, timeout=10)
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+            assert f"invocation_id {request.invocation_id} was already used" in (
+                error.details() or ""
+            )
+            return "refused"
+        return "answered"
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(attempt, range(12)))
+    assert sorted(answers) == ["answered"] + ["refused"] * 11
+    statuses = sorted(
+        r["status"] for r in lab_plant.events(kind="decision", invocation_id=request.invocation_id)
+    )
+    assert statuses == sorted([decided] + ["rejected"] * 11)
+    approvals = lab_plant.rows("SELECT * FROM approvals")
+    assert len(approvals) == (1 if decided == "suspended" else 0)
+    assert_chain_intact(lab_plant)

@@ -74,3 +74,14 @@ def test_setting_or_clearing_a_late_column_is_detected(tmp_path: Path) -> None:
     finally:
         store.close()
     assert not result.ok and result.first_bad_seq == 1
+
+
+def test_ids_decided_before_the_upgrade_stay_spent(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    write_first_release_store(path)
+    store = SQLiteStore(path)
+    try:
+        claimed = store.transact(lambda tx: [tx.claim_invocation(i) for i in ("i1", "i2", "i3")])
+        assert claimed == [False, False, True]
+    finally:
+        store.close()

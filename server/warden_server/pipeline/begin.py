@@ -17,6 +17,7 @@ from warden.shared.redaction import scrub_text, sensitive_texts
 from warden_server.approvals.audit import approval_event
 from warden_server.approvals.events import ApprovalChange
 from warden_server.audit.events import AuditEvent, iso
+from warden_server.errors import InvalidRequest
 from warden_server.grants import GrantClaims
 from warden_server.pipeline.approval import approval, record_refused_use
 from warden_server.pipeline.authenticate import authenticate
@@ -52,6 +53,19 @@ STAGES: tuple[Stage, ...] = (
     approval,
     idempotency,
 )
+
+
+class InvocationIdReused(InvalidRequest):
+    """A decision was already recorded for this invocation id (by this call's
+    twin in another thread or process, or long ago): ids are good for one."""
+
+    def __init__(self, invocation_id: str) -> None:
+        super().__init__(f"invocation_id {invocation_id} was already used")
+
+
+def _claim(tx: WriteTransaction, invocation_id: str) -> None:
+    if not tx.claim_invocation(invocation_id):
+        raise InvocationIdReused(invocation_id)
 
 
 class ApprovalAlreadyUsed(Exception):
@@ -141,6 +155,7 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
     reservation = ctx.reservation
 
     def work(tx: WriteTransaction) -> None:
+        _claim(tx, request.invocation_id)
         if ctx.consume_approval:
             assert ctx.approval is not None
             if not tx.consume_approval(ctx.approval.approval_id, iso(ctx.now)):
@@ -191,7 +206,12 @@ def _replay(plane: Plane, ctx: BeginContext, held: IdempotencyRecord) -> BeginRe
         return _refuse(plane, ctx, answer)
     reason = f"idempotent-replay:{held.invocation_id}"
     event = _decision_event(plane, ctx, "replayed", None, reason=reason)
-    plane.store.transact(lambda tx: tx.append_audit(event))
+
+    def work(tx: WriteTransaction) -> None:
+        _claim(tx, ctx.request.invocation_id)
+        tx.append_audit(event)
+
+    plane.store.transact(work)
     return BeginResult(
         invocation_id=ctx.request.invocation_id,
         policy_revision=ctx.policies.revision,
@@ -207,6 +227,7 @@ def _refuse(plane: Plane, ctx: BeginContext, failure: Failure) -> BeginResult:
     record = _approval_record(plane, ctx, expires) if suspended and expires is not None else None
 
     def work(tx: WriteTransaction) -> list[ApprovalChange]:
+        _claim(tx, ctx.request.invocation_id)
         tx.append_audit(event)
         changes = record_refused_use(tx, ctx, failure)
         if record is not None:
@@ -354,7 +375,10 @@ def reject(
     service: str | None = None,
     surface: str = "",
 ) -> None:
-    """Record a Begin the plane refused to decode or authenticate (SI-3)."""
+    """Record a Begin the plane refused to decode or authenticate (SI-3).
+
+    Its id, when it has one, is spent too: it cannot be decided later.
+    """
     event = AuditEvent(
         kind="decision",
         status="rejected",
@@ -365,4 +389,10 @@ def reject(
         policy_revision=plane.policies.current().revision,
         reason=reason[:1000],
     )
-    plane.store.transact(lambda tx: tx.append_audit(event))
+
+    def work(tx: WriteTransaction) -> None:
+        if invocation_id:
+            tx.claim_invocation(invocation_id)
+        tx.append_audit(event)
+
+    plane.store.transact(work)

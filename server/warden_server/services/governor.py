@@ -9,7 +9,7 @@ import grpc
 from warden.v1 import errors_pb2, governor_pb2, governor_pb2_grpc
 from warden_server.auth.services import SERVICE_TOKEN_METADATA, Service, ServiceAuthenticationError
 from warden_server.errors import InvalidRequest
-from warden_server.pipeline.begin import BeginResult, begin, reject
+from warden_server.pipeline.begin import BeginResult, InvocationIdReused, begin, reject
 from warden_server.pipeline.complete import CompleteRequest, OutcomeFailure, complete
 from warden_server.pipeline.context import BeginRequest
 from warden_server.plane import Plane
@@ -37,8 +37,6 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
             service = calling_service(plane, context)
             service_name = service.name
             decoded = _decode_begin(request, service, _deadline(plane, context))
-            if plane.store.invocation_decided(decoded.invocation_id):
-                raise InvalidRequest(f"invocation_id {decoded.invocation_id} was already used")
         except (ServiceAuthenticationError, InvalidRequest) as exc:
             reject(
                 plane,
@@ -51,6 +49,17 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
             raise
         try:
             result = begin(plane, decoded)
+        except InvocationIdReused as exc:
+            # Its twin's decision stands; this attempt is on the record too (SI-3).
+            reject(
+                plane,
+                reason=f"{type(exc).__name__}: {exc}",
+                invocation_id=decoded.invocation_id,
+                capability_id=decoded.capability_id,
+                service=service_name,
+                surface=decoded.surface,
+            )
+            raise
         except Exception as exc:
             # Whatever broke, the attempt is on the record (SI-3) before the caller
             # hears a generic INTERNAL status.

@@ -222,11 +222,23 @@ def _plan_for_a_large_log(db: sqlite_utils.Database) -> None:
     conn.execute("ANALYZE sqlite_schema")  # load them into this connection
 
 
+def _m005_decided_invocations(db: sqlite_utils.Database) -> None:
+    """One row per invocation id a decision was recorded for: the store, not a
+    read before the write, makes an id good for one decision, whichever
+    process or thread decides it. Filled from the decisions already logged."""
+    db.execute("CREATE TABLE decided_invocations (invocation_id TEXT PRIMARY KEY) WITHOUT ROWID")
+    db.execute(
+        "INSERT OR IGNORE INTO decided_invocations SELECT DISTINCT invocation_id "
+        "FROM audit_events WHERE kind = 'decision' AND invocation_id IS NOT NULL"
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_approvals,
     _m003_idempotency,
     _m004_audit,
+    _m005_decided_invocations,
 ]
 
 

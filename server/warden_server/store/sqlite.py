@@ -125,6 +125,13 @@ class SQLiteTransaction:
         row = self._conn.execute("SELECT hash FROM audit_events WHERE seq = ?", (seq,)).fetchone()
         return str(row[0]) if row else None
 
+    def claim_invocation(self, invocation_id: str) -> bool:
+        cursor = self._conn.execute(
+            "INSERT OR IGNORE INTO decided_invocations (invocation_id) VALUES (?)",
+            (invocation_id,),
+        )
+        return bool(cursor.rowcount == 1)
+
     def last_policy_event(self) -> tuple[str, str | None] | None:
         row = self._conn.execute(
             "SELECT status, policy_revision FROM audit_events WHERE kind = 'policy' "
@@ -461,17 +468,6 @@ class SQLiteStore:
             .fetchone()
         )
         return InvocationRecord(**dict(row)) if row else None
-
-    def invocation_decided(self, invocation_id: str) -> bool:
-        row = (
-            self._reader()
-            .execute(
-                "SELECT 1 FROM audit_events WHERE invocation_id = ? AND kind = 'decision' LIMIT 1",
-                (invocation_id,),
-            )
-            .fetchone()
-        )
-        return row is not None
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = (
