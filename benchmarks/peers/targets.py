@@ -167,7 +167,9 @@ def warden_plane(folder: Path, processes: int, actor_token: str) -> Iterator[Tar
 
     with running("warden", command, root / "serve.log", make) as target:
         _wait_for_health(target, root / "serve.log")
-        _register(port)
+        # The SDK names the version it registered in every Begin; so does this.
+        request.capability_version = _register(port)
+        target.template = request.SerializeToString()
         answer = governor_pb2.BeginResponse.FromString(
             wait_until_answering(target, root / "serve.log")
         )
@@ -240,8 +242,8 @@ def _wait_for_health(target: Target, log: Path, seconds: float = 30) -> None:
                 time.sleep(0.1)
 
 
-def _register(port: int) -> None:
-    """Register the capability as a real service does, through the SDK."""
+def _register(port: int) -> str:
+    """Register the capability as a real service does, through the SDK; its version."""
     with warden.Runtime(
         f"127.0.0.1:{port}", service=workload.SERVICE, token=workload.SERVICE_TOKEN
     ) as rt:
@@ -255,7 +257,8 @@ def _register(port: int) -> None:
         def create(inp: workload.OrderIn, ctx: warden.Context) -> workload.OrderOut:
             return workload.OrderOut(order_id=inp.order_id)
 
-        rt.register()
+        (registered,) = rt.register()
+        return registered.version
 
 
 def _tail(log: Path, lines: int = 20) -> str:
