@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warden.shared.canonical import canonical_json
+from warden.shared.canonical import NotCanonicalizable, canonical_json
 from warden_server.audit.chain import GENESIS, canonical_row, record_hash, verify_rows
 
 
@@ -119,3 +119,33 @@ def test_the_canonical_row_is_byte_for_byte_rfc8785(row: dict[str, Any]) -> None
 def test_a_stored_row_takes_the_fast_path_and_matches() -> None:
     row = {"seq": 7, "status": 'said "héllo"\n\u2028\x00', "input": None, "prev_hash": GENESIS}
     assert canonical_row(row) == canonical_json(row)
+
+
+json_values = st.recursive(
+    values,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300)
+@given(json_values)
+def test_canonical_json_is_byte_for_byte_rfc8785_at_any_depth(value: Any) -> None:
+    import rfc8785
+
+    try:
+        expected = bytes(rfc8785.dumps(value))
+    except Exception:  # no canonical form: ours refuses too
+        with pytest.raises(NotCanonicalizable):
+            canonical_json(value)
+        return
+    assert canonical_json(value) == expected
+
+
+def test_the_fast_path_writes_escapes_and_unicode_as_rfc8785() -> None:
+    import rfc8785
+
+    value = {"a": ['tab\t "q" \\ \x00 \x1f \x7f é \u2028 \U0001f600', True, None, -(2**53) + 1]}
+    assert canonical_json(value) == bytes(rfc8785.dumps(value))

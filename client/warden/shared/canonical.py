@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Final
 
 import rfc8785
 
@@ -22,16 +22,47 @@ class NotCanonicalizable(ValueError):
     infinity, or a string with a lone surrogate."""
 
 
+_SAFE_INTEGER: Final = 2**53 - 1
+
+
 def canonical_json(value: JSONValue) -> bytes:
     """The RFC 8785 canonical serialization of a JSON value.
+
+    A value of objects with ASCII keys, arrays, text, null, booleans and
+    integers within ±2^53 is written by ``json.dumps`` with sorted keys in
+    exactly the RFC 8785 form (property tests hold the two to the same bytes),
+    several times faster than the general encoder; it runs for every input,
+    digest and audit record. Anything else (a number with a fraction, a key
+    beyond ASCII, whose RFC 8785 order is by UTF-16 code units) takes the
+    general encoder.
 
     Raises:
         NotCanonicalizable: the value has no canonical form.
     """
+    if _plain(value):
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: the general encoder decides
+            pass
     try:
         return bytes(rfc8785.dumps(value))
     except rfc8785.CanonicalizationError as exc:
         raise NotCanonicalizable(str(exc)) from None
+
+
+def _plain(value: JSONValue) -> bool:
+    """Whether ``json.dumps`` writes ``value`` exactly as RFC 8785 does."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return bool(-_SAFE_INTEGER <= value <= _SAFE_INTEGER)
+    if kind is dict:
+        return all(type(k) is str and k.isascii() and _plain(v) for k, v in value.items())
+    if kind is list:
+        return all(_plain(item) for item in value)
+    return False
 
 
 def canonical_value(value: JSONValue) -> JSONValue:
