@@ -54,14 +54,26 @@ def canonical_json(value: JSONValue) -> bytes:
 def _plain(value: JSONValue) -> bool:
     """Whether ``json.dumps`` writes ``value`` exactly as RFC 8785 does."""
     kind = type(value)
-    if kind is str or kind is bool or value is None:
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or not key.isascii() or not _plain_scalar_or(item):
+                return False
+        return True
+    if kind is list:
+        return all(_plain_scalar_or(item) for item in value)
+    return _plain_scalar_or(value)
+
+
+def _plain_scalar_or(value: JSONValue) -> bool:
+    # Scalars are checked inline: a record has dozens, and a call each would
+    # cost more than the check.
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
         return True
     if kind is int:
         return bool(-_SAFE_INTEGER <= value <= _SAFE_INTEGER)
-    if kind is dict:
-        return all(type(k) is str and k.isascii() and _plain(v) for k, v in value.items())
-    if kind is list:
-        return all(_plain(item) for item in value)
+    if kind is dict or kind is list:
+        return _plain(value)
     return False
 
 

@@ -102,6 +102,8 @@ class TelemetryInterceptor(_Interceptor):
         code = _code_name(context)
         span.set_attribute("rpc.grpc.status_code", code)
         self._telemetry.metrics.rpc_seconds.labels(method=method, code=code).observe(seconds)
+        if not log.isEnabledFor(logging.DEBUG):
+            return
         log.debug(
             "rpc %s %s",
             method,
