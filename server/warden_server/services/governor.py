@@ -6,7 +6,7 @@ import time
 
 import grpc
 
-from warden.v1 import errors_pb2, governor_pb2, governor_pb2_grpc
+from warden.v1 import governor_pb2, governor_pb2_grpc
 from warden_server.auth.services import SERVICE_TOKEN_METADATA, Service, ServiceAuthenticationError
 from warden_server.errors import InvalidRequest
 from warden_server.pipeline.begin import BeginResult, InvocationIdReused, begin, reject
@@ -153,14 +153,16 @@ def _decode_begin(
 
 
 def _encode_begin(result: BeginResult) -> governor_pb2.BeginResponse:
-    response = governor_pb2.BeginResponse(
-        invocation_id=result.invocation_id, policy_revision=result.policy_revision
-    )
+    """The answer, built once: each outcome is given to the response's
+    constructor rather than built apart and copied in."""
+    invocation, revision = result.invocation_id, result.policy_revision
     if result.grant is not None:
         grant, actor = result.grant, result.context.actor
         assert actor is not None
-        response.grant.CopyFrom(
-            governor_pb2.Grant(
+        return governor_pb2.BeginResponse(
+            invocation_id=invocation,
+            policy_revision=revision,
+            grant=governor_pb2.Grant(
                 token=grant.token,
                 capability_version=grant.capability_version,
                 input_json=grant.input_json,
@@ -168,21 +170,28 @@ def _encode_begin(result: BeginResult) -> governor_pb2.BeginResponse:
                 actor=convert.actor_to_proto(actor),
                 timeout_ms=grant.timeout_ms,
                 expires_at=convert.timestamp(grant.expires_at),
-            )
+            ),
         )
-    elif result.approval_id is not None:
+    if result.approval_id is not None:
         assert result.failure is not None and result.approval_expires_at is not None
-        response.suspension.CopyFrom(
-            governor_pb2.Suspension(
+        return governor_pb2.BeginResponse(
+            invocation_id=invocation,
+            policy_revision=revision,
+            suspension=governor_pb2.Suspension(
                 failure=convert.failure_to_proto(result.failure),
                 approval_id=result.approval_id,
                 expires_at=convert.timestamp(result.approval_expires_at),
-            )
+            ),
         )
-    elif result.replay is not None:
-        response.replay.CopyFrom(convert.replay_to_proto(result.replay))
-    else:
-        assert result.failure is not None
-        failure: errors_pb2.Failure = convert.failure_to_proto(result.failure)
-        response.failure.CopyFrom(failure)
-    return response
+    if result.replay is not None:
+        return governor_pb2.BeginResponse(
+            invocation_id=invocation,
+            policy_revision=revision,
+            replay=convert.replay_to_proto(result.replay),
+        )
+    assert result.failure is not None
+    return governor_pb2.BeginResponse(
+        invocation_id=invocation,
+        policy_revision=revision,
+        failure=convert.failure_to_proto(result.failure),
+    )
