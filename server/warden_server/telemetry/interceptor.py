@@ -32,39 +32,45 @@ class TelemetryInterceptor(_Interceptor):
 
     def __init__(self, telemetry: Telemetry) -> None:
         self._telemetry = telemetry
+        self._wrapped: dict[str, Handler] = {}
+        """Each method's wrapped handler, built once (the caller's trace context
+        is read from each call's own metadata)."""
 
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Handler | None],
         details: grpc.HandlerCallDetails,
     ) -> Handler | None:
-        handler = continuation(details)
         method: str = details.method.lstrip("/")
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:
+            return wrapped
+        handler = continuation(details)
         if handler is None or not method.startswith("warden."):
             return handler
-        carrier = {
-            key: value for key, value in details.invocation_metadata if isinstance(value, str)
-        }
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(method, carrier, handler.unary_unary),
+            wrapped = grpc.unary_unary_rpc_method_handler(
+                self._unary(method, handler.unary_unary),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._streaming(method, carrier, handler.unary_stream),
+        elif handler.unary_stream is not None:
+            wrapped = grpc.unary_stream_rpc_method_handler(
+                self._streaming(method, handler.unary_stream),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        return handler
+        else:
+            return handler
+        self._wrapped[method] = wrapped
+        return wrapped
 
     def _unary(
-        self, method: str, carrier: dict[str, str], behavior: Callable[[Any, Any], Any]
+        self, method: str, behavior: Callable[[Any, Any], Any]
     ) -> Callable[[Any, grpc.ServicerContext], Any]:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
             started = time.perf_counter()
-            with self._span(method, carrier) as span:
+            with self._span(method, context) as span:
                 try:
                     return behavior(request, context)
                 finally:
@@ -73,11 +79,11 @@ class TelemetryInterceptor(_Interceptor):
         return wrapped
 
     def _streaming(
-        self, method: str, carrier: dict[str, str], behavior: Callable[[Any, Any], Iterator[Any]]
+        self, method: str, behavior: Callable[[Any, Any], Iterator[Any]]
     ) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             started = time.perf_counter()
-            with self._span(method, carrier) as span:
+            with self._span(method, context) as span:
                 try:
                     yield from behavior(request, context)
                 finally:
@@ -85,7 +91,10 @@ class TelemetryInterceptor(_Interceptor):
 
         return wrapped
 
-    def _span(self, method: str, carrier: dict[str, str]) -> Any:
+    def _span(self, method: str, context: grpc.ServicerContext) -> Any:
+        carrier = {
+            key: value for key, value in context.invocation_metadata() if isinstance(value, str)
+        }
         if not self._telemetry.tracing:
             return _CallerContext(propagate.extract(carrier))
         return self._telemetry.tracer.start_as_current_span(
