@@ -4,7 +4,7 @@ so that every problem can be reported as ``file:line:col``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -68,6 +68,10 @@ class Document:
         return scalar.start
 
 
+MAX_DEPTH: Final = 64
+"""How deeply a policy or test document may nest; real ones nest about six."""
+
+
 class YAMLSyntaxError(Exception):
     def __init__(self, message: str, position: Position) -> None:
         super().__init__(message)
@@ -92,6 +96,11 @@ def load(text: str) -> Document:
         raise YAMLSyntaxError(f"YAML syntax error: {exc}", Position(1, 1)) from None
     document = Document(data=None)
     if node is not None:
+        too_deep = _deeper_than(node, MAX_DEPTH)
+        if too_deep is not None:
+            raise YAMLSyntaxError(
+                f"the document is nested deeper than {MAX_DEPTH} levels", _position(too_deep)
+            )
         constructor = yaml.SafeLoader("")
         try:
             document.data = _convert(node, (), document, text.splitlines(), constructor)
@@ -100,13 +109,32 @@ def load(text: str) -> Document:
     return document
 
 
+def _deeper_than(root: yaml.Node, limit: int) -> Any:
+    """The start mark of the first node nested deeper than ``limit``, if any
+    (walked without recursion, so any depth is safe to ask about)."""
+    stack: list[tuple[yaml.Node, int]] = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return node.start_mark
+        if isinstance(node, yaml.MappingNode):
+            stack.extend((value, depth + 1) for _, value in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, depth + 1) for item in node.value)
+    return None
+
+
 def _compose(text: str) -> yaml.Node | None:
     try:
         return yaml.compose(text, Loader=_COMPOSER)
-    except yaml.YAMLError:
+    except yaml.YAMLError as terse:
         # libyaml words its errors tersely: the pure-Python parser, which
         # accepts the same YAML, says what it expected and found instead.
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        try:
+            return yaml.compose(text, Loader=yaml.SafeLoader)
+        except RecursionError:
+            # Nesting too deep for a recursive parser: libyaml's word stands.
+            raise terse from None
 
 
 def _position(mark: Any) -> Position:
