@@ -90,6 +90,18 @@ class ServerSection(_Section):
         return self
 
     @model_validator(mode="after")
+    def _store_is_a_file(self) -> ServerSection:
+        # "postgresql://..." would otherwise be taken as a relative path: a
+        # "postgresql:" folder beside the config, quietly shared by replicas.
+        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):", self.store)
+        if scheme:
+            raise ValueError(
+                f"store {self.store!r} names a {scheme.group(1)!r} URL; the supported store "
+                'is a SQLite file: give its path (e.g. store = "var/warden.db")'
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tls_files_together(self) -> ServerSection:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("set tls_cert_file and tls_key_file together")

@@ -288,7 +288,13 @@ class SQLiteStore:
         self._turns = os.open(f"{self.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
         # Every append updates a dozen indexes: keep their hot pages in memory.
         self._write_conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-        migrate(self._write_conn)
+        # Planes starting together on a fresh file migrate it one at a time:
+        # the second finds the schema current.
+        fcntl.flock(self._turns, fcntl.LOCK_EX)
+        try:
+            migrate(self._write_conn)
+        finally:
+            fcntl.flock(self._turns, fcntl.LOCK_UN)
         self._head = _ChainHead(0, GENESIS)
         self._load_chain_head()
         self._local = threading.local()

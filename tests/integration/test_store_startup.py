@@ -1,0 +1,56 @@
+"""Starting the store: several planes at once on a fresh file, and store
+values that are not a SQLite file."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_config
+from warden_server.config import ConfigError, config_from_dict
+from warden_server.store.migrations import MIGRATIONS
+from warden_server.store.sqlite import SQLiteStore
+
+STARTERS = 6
+
+
+def _open_store(path: str, start: multiprocessing.synchronize.Barrier) -> None:
+    start.wait()
+    SQLiteStore(path).close()
+
+
+def test_planes_starting_together_on_a_fresh_file_migrate_it_once(tmp_path: Path) -> None:
+    path = tmp_path / "fresh.db"
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(STARTERS)
+    starters = [
+        context.Process(target=_open_store, args=(str(path), start)) for _ in range(STARTERS)
+    ]
+    for process in starters:
+        process.start()
+    for process in starters:
+        process.join(timeout=60)
+    assert [p.exitcode for p in starters] == [0] * STARTERS
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "store", ["postgresql://warden@db/warden", "postgres://db/warden", "mysql://db", "sqlite:x.db"]
+)
+def test_a_store_url_is_a_clear_config_error_not_a_relative_path(
+    tmp_path: Path, store: str
+) -> None:
+    base = make_config(tmp_path).model_dump()
+    base["server"]["store"] = store
+    with pytest.raises(ConfigError) as raised:
+        config_from_dict(base, base_dir=tmp_path)
+    assert f"store {store!r} names a" in str(raised.value)
+    assert "SQLite file" in str(raised.value)
+    assert not any(tmp_path.iterdir()), "nothing may be created for a refused store"
