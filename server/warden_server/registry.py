@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 
 from warden.shared.canonical import (
     NotCanonicalizable,
@@ -102,8 +102,8 @@ class Capability:
     service: str
     digest: str
     registered_at: str
-    input_validator: Draft202012Validator = field(compare=False, repr=False)
-    output_validator: Draft202012Validator = field(compare=False, repr=False)
+    input_validator: Validator = field(compare=False, repr=False)
+    output_validator: Validator = field(compare=False, repr=False)
     sensitive_input: bool = field(default=True, compare=False, repr=False)
     """Whether the input schema marks any field sensitive; when not, the input
     is stored as it came (nothing to redact)."""
