@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 from pydantic import BaseModel
 
 from warden._context import Authorizer, DeclaredError
@@ -53,7 +53,7 @@ class CapabilitySpec:
     version: str | None
     input_schema: dict[str, Any] = field(repr=False)
     output_schema: dict[str, Any] = field(repr=False)
-    output_validator: Draft202012Validator = field(repr=False, compare=False)
+    output_validator: Validator = field(repr=False, compare=False)
     authorize: Authorizer | None = field(default=None, repr=False, compare=False)
 
     @property

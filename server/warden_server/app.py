@@ -200,15 +200,20 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
 
 def _grpc_server(plane: Plane, processes: int) -> tuple[grpc.Server, health.HealthServicer]:
     """The gRPC server with every servicer, health and reflection, not yet bound."""
-    limit = plane.config.server.max_input_bytes + 1_048_576
+    config = plane.config
+    receive = config.server.max_input_bytes + 1_048_576
+    # An answer may be larger than any request: Register echoes what it was
+    # sent, with what the plane adds to each capability; discovery answers
+    # with up to a service's whole registry.
+    send = max(receive, config.limits.max_registry_bytes_per_service) + 1_048_576
     server = grpc.server(
         futures.ThreadPoolExecutor(
             max_workers=plane.config.server.workers, thread_name_prefix="warden-rpc"
         ),
         interceptors=[TelemetryInterceptor(plane.telemetry)],
         options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
+            ("grpc.max_receive_message_length", receive),
+            ("grpc.max_send_message_length", send),
             # Only the processes of one plane share a port (``_claim``).
             ("grpc.so_reuseport", int(processes > 1)),
         ],

@@ -233,6 +233,27 @@ class AuditSection(_Section):
         return self
 
 
+class LimitsSection(_Section):
+    """What one request may ask of the plane, so that none holds it past its
+    budget. Beyond these, JSON in any field nests at most 64 levels deep and
+    its integers have at most 32 digits (``warden.shared.canonical``);
+    ``[server] max_input_bytes`` bounds a call's input."""
+
+    max_context_bytes: Annotated[int, Field(gt=0)] = 65_536
+    """The largest ``context_json`` (Begin, ListCapabilities, GetCapability)
+    and ``failure.details_json`` (Complete), in bytes."""
+    max_capabilities_per_register: Annotated[int, Field(gt=0)] = 100
+    """Capabilities one Register call may carry."""
+    max_capabilities_per_service: Annotated[int, Field(gt=0)] = 500
+    """Capabilities a service may have registered in its namespaces (counting
+    each id once, whatever its versions)."""
+    max_schema_bytes: Annotated[int, Field(gt=0)] = 65_536
+    """The largest input or output schema, as JSON text, in bytes."""
+    max_registry_bytes_per_service: Annotated[int, Field(gt=0)] = 2_097_152
+    """The latest definitions of a service's capabilities together, as JSON, in
+    bytes: what discovery answers at most, so that its answer fits one message."""
+
+
 class TelemetrySection(_Section):
     metrics_listen: str | None = None
     """host:port of the Prometheus endpoint (``/metrics``); unset serves none."""
@@ -251,6 +272,7 @@ class Config(_Section):
     redaction: RedactionSection = RedactionSection()
     audit: AuditSection = AuditSection()
     telemetry: TelemetrySection = TelemetrySection()
+    limits: LimitsSection = LimitsSection()
     base_dir: Path = Path()
     """The folder relative paths are resolved against (the config file's)."""
 

@@ -45,7 +45,10 @@ def visible(plane: Plane, viewer: Viewer, capability: Capability) -> bool:
 
 
 def list_visible(plane: Plane, viewer: Viewer) -> list[Capability]:
-    return [c for c in plane.registry.latest() if visible(plane, viewer, c)]
+    # Only the calling service's namespaces are read: its discovery costs the
+    # same however many capabilities other services register.
+    own = plane.registry.latest(viewer.service.namespaces)
+    return [c for c in own if visible(plane, viewer, c)]
 
 
 def get_visible(

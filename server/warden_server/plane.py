@@ -164,7 +164,7 @@ class Plane:
         store = SQLiteStore(config.store_path, observer=telemetry)
         shared = config.process_count > 1
         try:
-            registry = Registry(store)
+            registry = Registry(store, config.limits)
             policies = PolicyHolder(load_at_start(config, store, registry, joining=joined))
         except BaseException:
             store.close()

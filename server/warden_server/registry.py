@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 
 from warden.shared.canonical import (
+    JSONLimitError,
     NotCanonicalizable,
     canonical_json,
     compact_json,
@@ -31,12 +32,15 @@ from warden.shared.schema import (
 )
 from warden_server.audit.events import AuditEvent, now_iso
 from warden_server.auth.services import Service
-from warden_server.errors import Conflict, InvalidRequest, PermissionDenied
+from warden_server.config import LimitsSection
+from warden_server.errors import Conflict, InvalidRequest, PermissionDenied, ResourceExhausted
 from warden_server.store import CapabilityRecord, Store, WriteTransaction
 
 SURFACES: Final = ("mcp", "openai", "direct")
 SideEffect = Literal["read", "write", "idempotent"]
 _ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+MAX_ID_LENGTH: Final = 200
+"""Characters in a capability id at most."""
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ERROR_CODE = re.compile(r"^[A-Z][A-Z0-9_]{1,63}$")
 
@@ -102,8 +106,8 @@ class Capability:
     service: str
     digest: str
     registered_at: str
-    input_validator: Draft202012Validator = field(compare=False, repr=False)
-    output_validator: Draft202012Validator = field(compare=False, repr=False)
+    input_validator: Validator = field(compare=False, repr=False)
+    output_validator: Validator = field(compare=False, repr=False)
     sensitive_input: bool = field(default=True, compare=False, repr=False)
     """Whether the input schema marks any field sensitive; when not, the input
     is stored as it came (nothing to redact)."""
@@ -130,13 +134,27 @@ class Capability:
         return next((e for e in self.definition.errors if e.code == code), None)
 
 
+def is_capability_id(text: str) -> bool:
+    """Whether ``text`` could name a capability: ``namespace.name``, lowercase,
+    at most ``MAX_ID_LENGTH`` characters."""
+    return len(text) <= MAX_ID_LENGTH and _ID.match(text) is not None
+
+
+def recorded_capability_id(text: str) -> str:
+    """A requested capability id as requests and records carry it: one too
+    long to name a capability is cut, and marked cut with an ellipsis, which
+    no id contains."""
+    return text if len(text) <= MAX_ID_LENGTH else text[:MAX_ID_LENGTH] + "…"
+
+
 def check_definition(definition: CapabilityDefinition) -> list[str]:
     """Every problem with a definition, each naming the field."""
     problems = []
-    cid = definition.id or "<no id>"
-    if not _ID.match(definition.id):
+    cid = recorded_capability_id(definition.id) or "<no id>"
+    if not is_capability_id(definition.id):
         problems.append(
-            f"{cid}: id must be namespace.name in lowercase letters, digits and underscores"
+            f"{cid}: id must be namespace.name in lowercase letters, digits and "
+            f"underscores, at most {MAX_ID_LENGTH} characters"
         )
     if definition.version and not _VERSION.match(definition.version):
         problems.append(f"{cid}: version {definition.version!r} must be 1-64 of [A-Za-z0-9._-]")
@@ -178,8 +196,9 @@ def check_definition(definition: CapabilityDefinition) -> list[str]:
 class Registry:
     """Registered capabilities, read through a cache of immutable versions."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, limits: LimitsSection | None = None) -> None:
         self._store = store
+        self._limits = limits or LimitsSection()
         self._cache: dict[tuple[str, str], Capability] = {}
         self._lock = threading.Lock()
 
@@ -208,10 +227,28 @@ class Registry:
             )
 
         def work(tx: WriteTransaction) -> list[CapabilityRecord]:
-            return [self._register_one(tx, service, d) for d in definitions]
+            records = [self._register_one(tx, service, d) for d in definitions]
+            self._check_quota(tx, service)
+            return records
 
         records = self._store.transact(work)
         return [self._capability(r) for r in records]
+
+    def _check_quota(self, tx: WriteTransaction, service: Service) -> None:
+        """Refuse (undoing the transaction) a registry beyond the service's share."""
+        count, size = tx.registry_size(service.namespaces)
+        limits = self._limits
+        if count > limits.max_capabilities_per_service:
+            raise ResourceExhausted(
+                f"service {service.name!r} would have {count} capabilities; at most "
+                f"{limits.max_capabilities_per_service} ([limits] max_capabilities_per_service)"
+            )
+        if size > limits.max_registry_bytes_per_service:
+            raise ResourceExhausted(
+                f"service {service.name!r} would have {size} bytes of capability definitions; "
+                f"at most {limits.max_registry_bytes_per_service} "
+                "([limits] max_registry_bytes_per_service)"
+            )
 
     def _register_one(
         self, tx: WriteTransaction, service: Service, definition: CapabilityDefinition
@@ -270,8 +307,10 @@ class Registry:
         record = self._store.get_capability(capability_id, version)
         return self._capability(record) if record else None
 
-    def latest(self) -> list[Capability]:
-        return [self._capability(r) for r in self._store.latest_capabilities()]
+    def latest(self, namespaces: Sequence[str] | None = None) -> list[Capability]:
+        """The newest version of every capability, or of those in ``namespaces``
+        (read through an index: the cost follows those namespaces alone)."""
+        return [self._capability(r) for r in self._store.latest_capabilities(namespaces)]
 
     def _capability(self, record: CapabilityRecord) -> Capability:
         key = (record.id, record.version)
@@ -297,10 +336,19 @@ def _next_version(versions: list[CapabilityRecord]) -> str:
     return str(max(numbers, default=0) + 1)
 
 
-def schema_from_json(text: str, what: str) -> dict[str, Any]:
-    """Parse a schema sent as JSON text."""
+def schema_from_json(text: str, what: str, max_bytes: int) -> dict[str, Any]:
+    """Parse a schema sent as JSON text.
+
+    Raises:
+        InvalidRequest: larger than ``max_bytes``, not JSON, beyond the JSON
+            limits (``strict_loads``), or not an object.
+    """
+    if len(text) > max_bytes or len(text.encode()) > max_bytes:
+        raise InvalidRequest(f"{what} is larger than {max_bytes} bytes")
     try:
         value = strict_loads(text) if text else {}
+    except JSONLimitError as exc:
+        raise InvalidRequest(f"{what} {exc}") from None
     except ValueError as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):

@@ -474,18 +474,16 @@ def test_get_capability_unknown_id_and_version_are_not_found(
         assert error.details() == "Capability not found."
 
 
-def test_get_capability_without_an_id_names_the_missing_field(
-    lab_plant: Plant, lab_stubs: Stubs
+@pytest.mark.parametrize("capability_id", ["", "orders." + "x" * 300], ids=["empty", "too-long"])
+def test_get_capability_with_an_id_that_cannot_name_one_is_not_found(
+    lab_plant: Plant, lab_stubs: Stubs, capability_id: str
 ) -> None:
-    """An empty id is a malformed request, not a lookup: Begin answers
-    'capability_id is required' for the same mistake."""
-    assert_refused(
-        lab_stubs.registry.GetCapability,
-        registry_pb2.GetCapabilityRequest(actor_token=lab_plant.token()),
-        ORDERS,
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "id is required",
-    )
+    """An id that cannot name a capability is an unknown capability, as Begin
+    answers it (SI-8), not a malformed request."""
+    request = registry_pb2.GetCapabilityRequest(id=capability_id, actor_token=lab_plant.token())
+    error = refused(lab_stubs.registry.GetCapability, request, ORDERS)
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert error.details() == "Capability not found."
 
 
 # -- Begin: refusals (gRPC errors, each audited as 'rejected') -------------------------
@@ -494,20 +492,6 @@ def test_get_capability_without_an_id_names_the_missing_field(
 BEGIN_REFUSALS: list[tuple[str, Metadata, dict[str, Any], grpc.StatusCode, str]] = [
     ("missing-service-token", NO_TOKEN, {}, grpc.StatusCode.UNAUTHENTICATED, MISSING_TOKEN_MESSAGE),
     ("wrong-service-token", WRONG_TOKEN, {}, grpc.StatusCode.UNAUTHENTICATED, "unknown service"),
-    (
-        "missing-capability-id",
-        ORDERS,
-        {"capability_id": ""},
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "capability_id is required",
-    ),
-    (
-        "capability-id-too-long",
-        ORDERS,
-        {"capability_id": "orders." + "x" * 300},
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "capability_id is longer than 200 characters",
-    ),
     (
         "invocation-id-not-uuid",
         ORDERS,
@@ -613,7 +597,7 @@ def test_si3_malformed_and_unauthenticated_begins_are_audited(
         (NO_TOKEN, begin_request(lab_plant), None),
         (WRONG_TOKEN, begin_request(lab_plant), None),
         (ORDERS, begin_request(lab_plant, invocation_id="nope"), "orders"),
-        (ORDERS, begin_request(lab_plant, capability_id=""), "orders"),
+        (ORDERS, begin_request(lab_plant, context_json='{"a":' * 10_000), "orders"),
         (ORDERS, begin_request(lab_plant, surface="fax"), "orders"),
         (ORDERS, begin_request(lab_plant, context_json="[]"), "orders"),
     ]
@@ -631,6 +615,7 @@ def test_si3_malformed_and_unauthenticated_begins_are_audited(
 
     failures = [
         begin_request(lab_plant, input_json="{not json"),
+        begin_request(lab_plant, capability_id=""),
         begin_request(lab_plant, actor_token=""),
         begin_request(lab_plant, actor_token=lab_plant.token(ttl=-120)),
         begin_request(lab_plant, actor_token=forge_actor_token(lab_plant)),
@@ -687,6 +672,20 @@ BAD_ACTORS: dict[str, Callable[[Plant], str]] = {
             "unknown-version",
         ),
         (
+            {"capability_id": ""},
+            "CAPABILITY_NOT_FOUND",
+            "discovery",
+            "Capability not found.",
+            "malformed-capability-id",
+        ),
+        (
+            {"capability_id": "orders." + "x" * 300},
+            "CAPABILITY_NOT_FOUND",
+            "discovery",
+            "Capability not found.",
+            "malformed-capability-id",
+        ),
+        (
             {"actor_token": ""},
             "UNAUTHENTICATED",
             "authentication",
@@ -714,6 +713,8 @@ BAD_ACTORS: dict[str, Callable[[Plant], str]] = {
         "input-wrong-type",
         "unknown-capability",
         "unknown-version",
+        "empty-capability-id",
+        "capability-id-too-long",
         "no-actor",
         "expired-actor",
         "forged-actor",

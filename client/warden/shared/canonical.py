@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any, Final
 
 import rfc8785
@@ -83,17 +84,93 @@ def canonical_value(value: JSONValue) -> JSONValue:
     return json.loads(canonical_json(value))
 
 
+MAX_JSON_DEPTH: Final = 64
+"""Arrays and objects nest at most this deep in JSON the plane accepts (input,
+output, context, failure details, schemas); the SDK and the plane share it."""
+MAX_INTEGER_DIGITS: Final = 32
+"""Digits an integer literal may have: twice what a double holds exactly, and
+far below the size whose conversion Python itself refuses."""
+
+
+class JSONLimitError(ValueError):
+    """JSON text that parses but is beyond a limit (depth, number range).
+
+    ``str()`` reads after the field's name ("context_json is nested ...");
+    ``issue`` reads as a validation issue ("must not be nested ...").
+    """
+
+    def __init__(self, problem: str, issue: str) -> None:
+        super().__init__(problem)
+        self.issue = issue
+
+
 def strict_loads(text: str | bytes) -> JSONValue:
-    """Parse JSON text, refusing the NaN and Infinity literals Python would accept.
+    """Parse JSON text, refusing the NaN and Infinity literals Python would
+    accept, and values beyond the limits: nesting deeper than
+    ``MAX_JSON_DEPTH``, numbers beyond a double, integers of more than
+    ``MAX_INTEGER_DIGITS`` digits.
 
     Raises:
+        JSONLimitError: the text is JSON beyond a limit.
         ValueError: the text is not strict JSON.
     """
-    return json.loads(text, parse_constant=_refuse_constant)
+    try:
+        value = json.loads(
+            text, parse_constant=_refuse_constant, parse_float=_float, parse_int=_int
+        )
+    except RecursionError:
+        raise _too_deep() from None
+    # A document with fewer brackets than the limit cannot nest beyond it.
+    opened = text.count("[") + text.count("{") if isinstance(text, str) else len(text)
+    if opened > MAX_JSON_DEPTH and _deeper_than(value, MAX_JSON_DEPTH):
+        raise _too_deep()
+    return value
 
 
 def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JSONLimitError(
+            "has a number beyond the range of a double",
+            "must not contain a number beyond the range of a double",
+        )
+    return value
+
+
+def _int(text: str) -> int:
+    if len(text) - text.startswith("-") > MAX_INTEGER_DIGITS:
+        raise JSONLimitError(
+            f"has an integer of more than {MAX_INTEGER_DIGITS} digits",
+            f"must not contain an integer of more than {MAX_INTEGER_DIGITS} digits",
+        )
+    return int(text)
+
+
+def _too_deep() -> JSONLimitError:
+    return JSONLimitError(
+        f"is nested more than {MAX_JSON_DEPTH} levels deep",
+        f"must not be nested more than {MAX_JSON_DEPTH} levels deep",
+    )
+
+
+def _deeper_than(value: JSONValue, limit: int) -> bool:
+    """Whether arrays and objects nest in ``value`` more than ``limit`` deep."""
+    if type(value) is not dict and type(value) is not list:
+        return False
+    pending = [(value, 1)]
+    while pending:
+        node, depth = pending.pop()
+        children = node.values() if type(node) is dict else node
+        for child in children:
+            if type(child) is dict or type(child) is list:
+                if depth >= limit:
+                    return True
+                pending.append((child, depth + 1))
+    return False
 
 
 def digest(value: JSONValue) -> str:

@@ -141,8 +141,8 @@ def decode(
     """
     try:
         header = jwt.get_unverified_header(token)
-    except jwt.PyJWTError as exc:
-        raise GrantError(f"not a grant token: {exc}") from None
+    except jwt.PyJWTError:
+        raise GrantError("not a grant token: not a well-formed JWT") from None
     kid = header.get("kid")
     key = keys.get(kid) if isinstance(kid, str) else None
     if key is None:

@@ -3,19 +3,25 @@
 
 The plane validates input with these functions and the SDK validates output
 with the same ones, so both sides report an issue identically.
+
+Validation costs time linear in the instance, whatever it holds: patterns run
+on RE2 (``warden.shared.patterns``), and ``uniqueItems`` compares items by
+their JSON text instead of pair by pair.
 """
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, FormatChecker, validators
 from jsonschema.exceptions import SchemaError, ValidationError
+from jsonschema.protocols import Validator
 
 from warden.shared.canonical import JSONValue
+from warden.shared.patterns import PatternError, compile_pattern, search
 
 SENSITIVE: Final = "x-warden-sensitive"
 MODEL_VISIBLE: Final = "x-warden-model-visible"
@@ -39,17 +45,19 @@ class Issue:
         return {"path": self.path, "message": self.message}
 
 
-def compile_validator(schema: Schema) -> Draft202012Validator:
+def compile_validator(schema: Schema) -> Validator:
     """Check a schema and build its validator (once per capability version).
 
     Raises:
-        InvalidSchemaError: the schema itself is invalid.
+        InvalidSchemaError: the schema itself is invalid, or uses a pattern
+            RE2 cannot run (the message names where).
     """
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         where = _pointer(exc.absolute_path) or "/"
         raise InvalidSchemaError(f"invalid JSON Schema at {where}: {exc.message}") from None
+    _check_patterns(schema)
     for where, ref in _refs(schema, ""):
         if not ref.startswith("#"):
             raise InvalidSchemaError(
@@ -57,7 +65,169 @@ def compile_validator(schema: Schema) -> Draft202012Validator:
             )
         if ref != "#" and _resolve(schema, ref) is None:
             raise InvalidSchemaError(f"$ref {ref!r} at {where or '/'} does not resolve")
-    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    validator: Validator = _LinearValidator(schema, format_checker=_FORMATS)
+    return validator
+
+
+# ---------------------------------------------------------------------------
+# Linear-time keywords: jsonschema's own run ``pattern`` and
+# ``patternProperties`` on Python's backtracking ``re``, and compare
+# ``uniqueItems`` pair by pair.
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Schema) -> Iterator[Any]:
+    if validator.is_type(instance, "string") and not search(pattern, instance):
+        yield ValidationError(f"does not match {pattern!r}")
+
+
+def _pattern_properties(
+    validator: Any, patterns: Mapping[str, Any], instance: Any, schema: Schema
+) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        compiled = compile_pattern(pattern)
+        for name, value in instance.items():
+            if compiled.search(name) is not None:
+                yield from validator.descend(value, subschema, path=name, schema_path=pattern)
+
+
+def _additional_properties(
+    validator: Any, additional: Any, instance: Any, schema: Schema
+) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    extras = _extra_properties(schema, instance)
+    if validator.is_type(additional, "object"):
+        for name in extras:
+            yield from validator.descend(instance[name], additional, path=name)
+    elif not additional and extras:
+        yield ValidationError("additional properties are not allowed")
+
+
+def _extra_properties(schema: Schema, instance: Mapping[str, Any]) -> list[str]:
+    """The names neither ``properties`` nor ``patternProperties`` cover."""
+    known = _mapping(schema.get("properties"))
+    patterns = [compile_pattern(p) for p in _mapping(schema.get("patternProperties"))]
+    return [
+        name
+        for name in instance
+        if name not in known and not any(p.search(name) is not None for p in patterns)
+    ]
+
+
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Schema) -> Iterator[Any]:
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    seen: set[str] = set()
+    for item in instance:
+        key = json.dumps(_equality_form(item), sort_keys=True, separators=(",", ":"))
+        if key in seen:
+            yield ValidationError("has non-unique elements")
+            return
+        seen.add(key)
+
+
+def _equality_form(value: Any) -> Any:
+    """``value`` with integral floats as integers: JSON Schema equality holds
+    ``1`` and ``1.0`` equal, and ``true`` and ``1`` apart, as their JSON texts then do."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _equality_form(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_equality_form(item) for item in value]
+    return value
+
+
+def _is_regex(instance: object) -> bool:
+    if isinstance(instance, str):
+        compile_pattern(instance)
+    return True
+
+
+_FORMATS: Final = FormatChecker(formats=())
+_FORMATS.checkers = {
+    **Draft202012Validator.FORMAT_CHECKER.checkers,
+    "regex": (_is_regex, PatternError),
+}
+_LinearValidator: Final = validators.extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator,
+    {
+        "pattern": _pattern,
+        "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties,
+        "uniqueItems": _unique_items,
+    },
+)
+
+_SUBSCHEMA: Final = frozenset(
+    {
+        "items",
+        "contains",
+        "not",
+        "if",
+        "then",
+        "else",
+        "additionalProperties",
+        "propertyNames",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+    }
+)
+_SUBSCHEMA_LISTS: Final = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SUBSCHEMA_MAPS: Final = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def _subschemas(schema: object, where: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every schema object in a schema document, with its JSON Pointer; values
+    of ``enum``, ``const``, ``default`` and the like are data, not schemas."""
+    if not isinstance(schema, Mapping):
+        return
+    yield where, schema
+    for keyword, value in schema.items():
+        at = where + _pointer([keyword])
+        if keyword in _SUBSCHEMA:
+            yield from _subschemas(value, at)
+        elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
+            for index, item in enumerate(value):
+                yield from _subschemas(item, f"{at}/{index}")
+        elif keyword in _SUBSCHEMA_MAPS and isinstance(value, Mapping):
+            for name, item in value.items():
+                yield from _subschemas(item, at + _pointer([name]))
+
+
+def _check_patterns(schema: Schema) -> None:
+    """Refuse a schema whose patterns RE2 cannot run, naming where they are."""
+    problems = []
+    pattern_properties = unevaluated = None
+    for where, node in _subschemas(schema, ""):
+        pattern = node.get("pattern")
+        if isinstance(pattern, str):
+            try:
+                compile_pattern(pattern)
+            except PatternError as exc:
+                problems.append(f"at {where}/pattern: {exc}")
+        for name in _mapping(node.get("patternProperties")):
+            try:
+                compile_pattern(name)
+            except PatternError as exc:
+                problems.append(f"at {where}/patternProperties{_pointer([name])}: {exc}")
+        if "patternProperties" in node:
+            pattern_properties = pattern_properties or where + "/patternProperties"
+        if "unevaluatedProperties" in node:
+            unevaluated = unevaluated or where + "/unevaluatedProperties"
+    if pattern_properties is not None and unevaluated is not None:
+        # jsonschema finds the properties unevaluatedProperties leaves over with
+        # Python's re; refusing the pair keeps every pattern on RE2.
+        problems.append(
+            f"at {unevaluated}: unevaluatedProperties cannot be combined with "
+            f"patternProperties (at {pattern_properties}); use additionalProperties"
+        )
+    if problems:
+        raise InvalidSchemaError("; ".join(problems))
 
 
 def _refs(node: object, where: str) -> Iterator[tuple[str, str]]:
@@ -72,7 +242,7 @@ def _refs(node: object, where: str) -> Iterator[tuple[str, str]]:
             yield from _refs(child, f"{where}/{index}")
 
 
-def validation_issues(validator: Draft202012Validator, instance: JSONValue) -> list[Issue]:
+def validation_issues(validator: Validator, instance: JSONValue) -> list[Issue]:
     """Every issue of ``instance`` against the validator's schema, sorted.
 
     Messages are written from the schema alone, so no input value is echoed.
@@ -96,11 +266,8 @@ def _issues_of(error: ValidationError) -> Iterator[Issue]:
         return
     if keyword in ("additionalProperties", "unevaluatedProperties") and isinstance(instance, dict):
         schema = error.schema if isinstance(error.schema, Mapping) else {}
-        known = set(schema.get("properties", {}))
-        patterns = [re.compile(p) for p in schema.get("patternProperties", {})]
-        for name in instance:
-            if name not in known and not any(p.search(name) for p in patterns):
-                yield Issue(_pointer([*path, name]), "is not an allowed property")
+        for name in _extra_properties(schema, instance):
+            yield Issue(_pointer([*path, name]), "is not an allowed property")
         return
     yield Issue(_pointer(path), _message(keyword, value))
 
@@ -163,8 +330,6 @@ def _message(keyword: str, value: Any) -> str:
 
 
 def _short(value: Any, limit: int = 120) -> str:
-    import json
-
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -318,11 +483,11 @@ def _mapping(value: object) -> Mapping[str, Any]:
 
 
 def _matches(pattern: object, key: str) -> bool:
-    """Whether a patternProperties pattern matches; one Python cannot compile
+    """Whether a patternProperties pattern matches; one RE2 cannot compile
     counts as matching, so a marking under it is never lost."""
     if not isinstance(pattern, str):
         return False
     try:
-        return re.search(pattern, key) is not None
-    except re.error:
+        return search(pattern, key)
+    except PatternError:
         return True

@@ -23,6 +23,10 @@ from warden_server.store import Store
 
 NEWEST_FIRST: Final = "ts DESC, seq DESC"
 MAX_LIMIT: Final = 10_000
+MAX_PATTERNS: Final = 32
+"""Capability patterns one filter may hold."""
+MAX_FILTER_TEXT: Final = 256
+"""Characters in any one text field of a filter (a pattern, an actor, a time)."""
 GROUPINGS: Final = {
     "stage": "stage",
     "code": "code",
@@ -130,7 +134,31 @@ class _Where:
         return " AND ".join(self.clauses)
 
 
+def _check_bounds(f: AuditFilter) -> None:
+    """Refuse a filter beyond the limits before any of it is used."""
+    if len(f.capabilities) > MAX_PATTERNS:
+        raise InvalidRequest(
+            f"{len(f.capabilities)} capability patterns; a filter holds at most {MAX_PATTERNS}"
+        )
+    texts = [
+        ("since", f.since),
+        ("until", f.until),
+        ("actor", f.actor),
+        ("tenant", f.tenant),
+        ("stage", f.stage),
+        ("code", f.code),
+        ("status", f.status),
+        ("kind", f.kind),
+        ("invocation", f.invocation),
+        *(("a capability pattern", p) for p in f.capabilities),
+    ]
+    for name, text in texts:
+        if text is not None and len(text) > MAX_FILTER_TEXT:
+            raise InvalidRequest(f"{name} is longer than {MAX_FILTER_TEXT} characters")
+
+
 def _where(f: AuditFilter, scope: Scope, now: datetime, *, globs_by_time: bool = False) -> _Where:
+    _check_bounds(f)
     where = _Where()
     exact = {
         "actor_id": f.actor,
@@ -177,16 +205,29 @@ def _globs(patterns: tuple[str, ...], params: dict[str, Any], *, by_time: bool) 
         prefix = _literal_prefix(pattern)
         if prefix == pattern:
             terms.append(f"capability_id = :cap{i}")
-        elif by_time or not prefix:
+        elif by_time or (after := _after(prefix)) is None:
             terms.append(f"+capability_id GLOB :cap{i}")
         else:
             params[f"cap{i}_lo"] = prefix
-            params[f"cap{i}_hi"] = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+            params[f"cap{i}_hi"] = after
             terms.append(
                 f"(capability_id >= :cap{i}_lo AND capability_id < :cap{i}_hi "
                 f"AND capability_id GLOB :cap{i})"
             )
     return "(" + " OR ".join(terms) + ")"
+
+
+def _after(prefix: str) -> str | None:
+    """The least text above every text that starts with ``prefix`` (SQLite
+    compares text as UTF-8 bytes, which is code point order); None when
+    there is none (no prefix, or one of nothing but U+10FFFF)."""
+    stripped = prefix.rstrip("\U0010ffff")
+    if not stripped:
+        return None
+    following = ord(stripped[-1]) + 1
+    if 0xD800 <= following <= 0xDFFF:  # surrogates are not text
+        following = 0xE000
+    return stripped[:-1] + chr(following)
 
 
 def _literal_prefix(pattern: str) -> str:
@@ -234,6 +275,7 @@ def query(
     """
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}")
+    _check_bounds(f)  # before the globs are counted
     by_time = bool(f.capabilities) and _globs_are_common(store, f.capabilities, limit)
     where = _where(f, scope, now, globs_by_time=by_time)
     if before is not None:

@@ -30,6 +30,8 @@ def parse_time(text: str, now: datetime, field: str = "time") -> str:
     value = text.strip()
     try:
         moment = now - timedelta(seconds=parse_duration(value))
+    except OverflowError:
+        raise InvalidRequest(f"{field} {text!r} reaches back before the year 1") from None
     except ValueError:
         try:
             moment = datetime.fromisoformat(value.replace("Z", "+00:00"))

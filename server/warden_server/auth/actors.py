@@ -134,9 +134,26 @@ class ActorVerifier:
             raise AuthenticationError("actor token expired") from None
         except jwt.InvalidSignatureError:
             raise AuthenticationError("actor token signature is invalid") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise AuthenticationError(f"actor token rejected: no {exc.claim!r} claim") from None
         except (jwt.PyJWTError, ValueError, TypeError) as exc:
-            raise AuthenticationError(f"actor token rejected: {exc}") from None
+            # PyJWT's own words ("Not enough segments") describe its internals.
+            reason = next(
+                (words for kind, words in _REJECTIONS.items() if isinstance(exc, kind)),
+                "not a valid JWT for this plane",
+            )
+            raise AuthenticationError(f"actor token rejected: {reason}") from None
         return _actor_from_claims(claims), claims
+
+
+_REJECTIONS: dict[type[Exception], str] = {
+    jwt.DecodeError: "not a well-formed JWT",
+    jwt.InvalidIssuerError: "issued by another issuer",
+    jwt.InvalidAudienceError: "meant for another audience",
+    jwt.ImmatureSignatureError: "not valid yet",
+    jwt.InvalidAlgorithmError: "signed with an algorithm this key does not verify",
+}
+"""Why a token was refused, in the plane's words, by PyJWT's exception."""
 
 
 def _public_key(path: Path) -> _VerificationKey:

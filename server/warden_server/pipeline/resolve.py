@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from warden_server.pipeline.context import BeginContext
 from warden_server.pipeline.failure import Failure, not_found
+from warden_server.registry import is_capability_id
 
 if TYPE_CHECKING:
     from warden_server.plane import Plane
@@ -13,6 +14,8 @@ if TYPE_CHECKING:
 
 def resolve(plane: Plane, ctx: BeginContext) -> Failure | None:
     request = ctx.request
+    if not is_capability_id(request.capability_id):
+        return not_found("malformed-capability-id")
     capability = plane.registry.get(request.capability_id, request.capability_version)
     if capability is None:
         known = request.capability_version and plane.registry.get(request.capability_id)

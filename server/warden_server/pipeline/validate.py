@@ -9,7 +9,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from warden.shared.canonical import NotCanonicalizable, canonical_json, digest_of, strict_loads
+from warden.shared.canonical import (
+    JSONLimitError,
+    NotCanonicalizable,
+    canonical_json,
+    digest_of,
+    strict_loads,
+)
 from warden.shared.schema import validation_issues
 from warden_server.pipeline.context import BeginContext
 from warden_server.pipeline.failure import Failure, fail
@@ -27,7 +33,10 @@ def validate(plane: Plane, ctx: BeginContext) -> Failure | None:
         return fail("INPUT_INVALID", "input-too-large", details={"issues": [issue]})
     try:
         value = strict_loads(text)
-    except (ValueError, RecursionError):
+    except JSONLimitError as exc:
+        issue = {"path": "", "message": exc.issue}
+        return fail("INPUT_INVALID", "input-beyond-limits", details={"issues": [issue]})
+    except ValueError:
         issue = {"path": "", "message": "must be a JSON document"}
         return fail("INPUT_INVALID", "input-not-json", stage="adapter", details={"issues": [issue]})
     ctx.input = value

@@ -9,7 +9,13 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from warden.shared.canonical import canonical_json, compact_json, strict_loads
+from warden.shared.canonical import (
+    JSONLimitError,
+    NotCanonicalizable,
+    canonical_json,
+    compact_json,
+    strict_loads,
+)
 from warden.v1 import (
     approvals_pb2,
     audit_pb2,
@@ -24,6 +30,7 @@ from warden_server.audit.chain import VerifyResult
 from warden_server.audit.events import COLUMNS
 from warden_server.audit.reader import AuditFilter, Page, Stats, StatsRow
 from warden_server.auth.actors import Actor
+from warden_server.config import LimitsSection
 from warden_server.errors import InvalidRequest
 from warden_server.grants import PublishedKey
 from warden_server.pipeline.failure import Failure
@@ -35,6 +42,7 @@ from warden_server.registry import (
     Capability,
     CapabilityDefinition,
     DeclaredError,
+    recorded_capability_id,
     schema_from_json,
 )
 
@@ -69,8 +77,11 @@ OUTCOME_STATUS_NUMBERS = {name: number for number, name in OUTCOME_STATUSES.item
 MAX_IDEMPOTENCY_KEY = 255
 
 
-def definition_from_proto(message: registry_pb2.CapabilityDefinition) -> CapabilityDefinition:
-    label = message.id or "<no id>"
+def definition_from_proto(
+    message: registry_pb2.CapabilityDefinition,
+    max_schema_bytes: int = LimitsSection().max_schema_bytes,
+) -> CapabilityDefinition:
+    label = recorded_capability_id(message.id) or "<no id>"
     side_effect = SIDE_EFFECTS.get(message.side_effect)
     if side_effect is None:
         raise InvalidRequest(f"{label}: side_effect is required (read, write or idempotent)")
@@ -78,8 +89,12 @@ def definition_from_proto(message: registry_pb2.CapabilityDefinition) -> Capabil
         id=message.id,
         version=message.version,
         description=message.description,
-        input_schema=schema_from_json(message.input_schema_json, f"{label}: input_schema_json"),
-        output_schema=schema_from_json(message.output_schema_json, f"{label}: output_schema_json"),
+        input_schema=schema_from_json(
+            message.input_schema_json, f"{label}: input_schema_json", max_schema_bytes
+        ),
+        output_schema=schema_from_json(
+            message.output_schema_json, f"{label}: output_schema_json", max_schema_bytes
+        ),
         errors=tuple(DeclaredError(e.code, e.message, e.retryable) for e in message.errors),
         side_effect=side_effect,  # type: ignore[arg-type]
         timeout_ms=message.timeout_ms,
@@ -169,14 +184,30 @@ def surface_of(value: str) -> str:
     return surface
 
 
-def context_of(text: str, field: str = "context_json") -> dict[str, Any]:
+def context_of(text: str, max_bytes: int, field: str = "context_json") -> dict[str, Any]:
+    """A JSON object sent as text (a call's context, a failure's details).
+
+    Raises:
+        InvalidRequest: larger than ``max_bytes``, not JSON, beyond the JSON
+            limits (``strict_loads``), or not an object.
+    """
     if not text:
         return {}
+    if len(text) > max_bytes or len(text.encode()) > max_bytes:
+        raise InvalidRequest(f"{field} is larger than {max_bytes} bytes")
     try:
         value = strict_loads(text)
-        canonical_json(value)
+    except JSONLimitError as exc:
+        raise InvalidRequest(f"{field} {exc}") from None
     except ValueError as exc:
         raise InvalidRequest(f"{field} is not valid JSON: {exc}") from None
+    try:
+        canonical_json(value)
+    except NotCanonicalizable:
+        raise InvalidRequest(
+            f"{field} has no canonical JSON form (RFC 8785): integers must be within "
+            "±2^53 and text valid Unicode"
+        ) from None
     if not isinstance(value, dict):
         raise InvalidRequest(f"{field} must be a JSON object")
     return value
@@ -189,11 +220,10 @@ def invocation_id_of(text: str, field: str = "invocation_id") -> str:
         raise InvalidRequest(f"{field} must be a UUID") from None
 
 
-def details_of(text: str) -> dict[str, Any] | None:
+def details_of(text: str, max_bytes: int) -> dict[str, Any] | None:
     if not text:
         return None
-    value = context_of(text, "failure.details_json")
-    return value
+    return context_of(text, max_bytes, "failure.details_json")
 
 
 def approval_states_of(values: Iterable[approvals_pb2.ApprovalState.ValueType]) -> list[str]:
@@ -348,12 +378,18 @@ def page_from_proto(response: audit_pb2.QueryResponse) -> Page:
 
 
 def page_token_of(text: str) -> int | None:
+    """A page token as the API issues them: a record's sequence number."""
     if not text:
         return None
-    try:
+    if text.isascii() and text.isdigit() and len(text) <= 19 and 0 < int(text) <= MAX_SEQ:
         return int(text)
-    except ValueError:
-        raise InvalidRequest(f"page token {text!r} is not one this API issued") from None
+    raise InvalidRequest(
+        "page_token is not one this API issued (pass the next_page_token of the previous page)"
+    )
+
+
+MAX_SEQ = 2**63 - 1
+"""The largest sequence number SQLite can hold."""
 
 
 def stats_to_proto(stats: Stats) -> audit_pb2.StatsResponse:

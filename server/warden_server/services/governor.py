@@ -8,11 +8,13 @@ import grpc
 
 from warden.v1 import governor_pb2, governor_pb2_grpc
 from warden_server.auth.services import SERVICE_TOKEN_METADATA, Service, ServiceAuthenticationError
+from warden_server.config import Config
 from warden_server.errors import InvalidRequest
 from warden_server.pipeline.begin import BeginResult, InvocationIdReused, begin, reject
 from warden_server.pipeline.complete import CompleteRequest, OutcomeFailure, complete
 from warden_server.pipeline.context import BeginRequest
 from warden_server.plane import Plane
+from warden_server.registry import recorded_capability_id
 from warden_server.services import convert
 from warden_server.services.status import rpc
 
@@ -36,13 +38,18 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
         try:
             service = calling_service(plane, context)
             service_name = service.name
-            decoded = _decode_begin(request, service, _deadline(plane, context))
-        except (ServiceAuthenticationError, InvalidRequest) as exc:
+            decoded = _decode_begin(request, service, plane.config, _deadline(plane, context))
+        except Exception as exc:
+            # Refused before any stage ran, and on the record all the same (SI-3),
+            # whatever refused it.
+            designed = isinstance(exc, ServiceAuthenticationError | InvalidRequest)
             reject(
                 plane,
-                reason=f"{type(exc).__name__}: {exc}",
+                reason=f"{type(exc).__name__}: {exc}"
+                if designed
+                else f"internal-error: {type(exc).__name__}",
                 invocation_id=request.invocation_id[:64],
-                capability_id=request.capability_id[:200],
+                capability_id=recorded_capability_id(request.capability_id),
                 service=service_name,
                 surface=request.surface[:32],
             )
@@ -91,7 +98,9 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
                 public_message=f.public_message,
                 retryable=f.retryable,
                 exposed=f.exposed,
-                details=convert.details_of(f.details_json),
+                details=convert.details_of(
+                    f.details_json, self._plane.config.limits.max_context_bytes
+                ),
             )
         seq = complete(
             self._plane,
@@ -124,12 +133,10 @@ def _deadline(plane: Plane, context: grpc.ServicerContext) -> float:
 
 
 def _decode_begin(
-    request: governor_pb2.BeginRequest, service: Service, deadline: float
+    request: governor_pb2.BeginRequest, service: Service, config: Config, deadline: float
 ) -> BeginRequest:
-    if not request.capability_id:
-        raise InvalidRequest("capability_id is required")
-    if len(request.capability_id) > 200:
-        raise InvalidRequest("capability_id is longer than 200 characters")
+    # A capability id that cannot name a capability (empty, too long) is not a
+    # malformed request but an unknown capability: resolve answers it (SI-8).
     if len(request.idempotency_key) > convert.MAX_IDEMPOTENCY_KEY:
         raise InvalidRequest(
             f"idempotency_key is longer than {convert.MAX_IDEMPOTENCY_KEY} characters"
@@ -137,12 +144,12 @@ def _decode_begin(
     return BeginRequest(
         service=service,
         invocation_id=convert.invocation_id_of(request.invocation_id),
-        capability_id=request.capability_id,
+        capability_id=recorded_capability_id(request.capability_id),
         capability_version=request.capability_version,
         actor_token=request.actor_token,
         input_json=request.input_json,
         surface=convert.surface_of(request.surface),
-        context=convert.context_of(request.context_json),
+        context=convert.context_of(request.context_json, config.limits.max_context_bytes),
         approval_id=request.approval_id,
         idempotency_key=request.idempotency_key,
         call_id=convert.invocation_id_of(request.call_id, "call_id") if request.call_id else None,

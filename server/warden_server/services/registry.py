@@ -8,6 +8,7 @@ from warden.v1 import registry_pb2, registry_pb2_grpc
 from warden_server import discovery
 from warden_server.errors import InvalidRequest, NotFound
 from warden_server.plane import Plane
+from warden_server.registry import is_capability_id
 from warden_server.services import convert
 from warden_server.services.governor import calling_service
 from warden_server.services.status import rpc
@@ -22,7 +23,16 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         self, request: registry_pb2.RegisterRequest, context: grpc.ServicerContext
     ) -> registry_pb2.RegisterResponse:
         service = calling_service(self._plane, context)
-        definitions = [convert.definition_from_proto(d) for d in request.capabilities]
+        limits = self._plane.config.limits
+        if len(request.capabilities) > limits.max_capabilities_per_register:
+            raise InvalidRequest(
+                f"{len(request.capabilities)} capabilities in one Register call; at most "
+                f"{limits.max_capabilities_per_register} ([limits] "
+                "max_capabilities_per_register): register them in several calls"
+            )
+        definitions = [
+            convert.definition_from_proto(d, limits.max_schema_bytes) for d in request.capabilities
+        ]
         registered = self._plane.registry.register(service, definitions)
         return registry_pb2.RegisterResponse(
             capabilities=[convert.capability_to_proto(c) for c in registered]
@@ -42,10 +52,10 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
     def GetCapability(
         self, request: registry_pb2.GetCapabilityRequest, context: grpc.ServicerContext
     ) -> registry_pb2.GetCapabilityResponse:
-        if not request.id:
-            raise InvalidRequest("id is required")
         viewer = self._viewer(context, request.actor_token, request.surface, request.context_json)
-        found = discovery.get_visible(self._plane, viewer, request.id, request.version)
+        found = None
+        if is_capability_id(request.id):  # else it names nothing: not found, as in Begin
+            found = discovery.get_visible(self._plane, viewer, request.id, request.version)
         if found is None:
             raise NotFound("Capability not found.")
         return registry_pb2.GetCapabilityResponse(capability=convert.capability_to_proto(found))
@@ -58,5 +68,5 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
             service=service,
             actor=self._plane.actors.verify(actor_token),
             surface=convert.surface_of(surface),
-            context=convert.context_of(context_json),
+            context=convert.context_of(context_json, self._plane.config.limits.max_context_bytes),
         )

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from warden_server.audit.chain import GENESIS, record_hash
 from warden_server.audit.checkpoint import Checkpoint
@@ -157,6 +157,13 @@ class SQLiteTransaction:
             "SELECT * FROM capabilities WHERE id = ? ORDER BY ordinal", (capability_id,)
         )
         return [_capability(row) for row in rows]
+
+    def registry_size(self, namespaces: Sequence[str]) -> tuple[int, int]:
+        where, params = _in_namespaces(namespaces)
+        size = "count(*), coalesce(sum(length(CAST(c.definition AS BLOB))), 0)"
+        sql = f"SELECT {size} FROM capabilities c WHERE ({where}) AND {_LATEST}"  # noqa: S608
+        row = self._conn.execute(sql, params).fetchone()
+        return int(row[0]), int(row[1])
 
     def insert_capability(self, record: CapabilityRecord) -> None:
         ordinal = self._conn.execute(
@@ -460,11 +467,21 @@ class SQLiteStore:
         )
         return [_capability(row) for row in rows]
 
-    def latest_capabilities(self) -> list[CapabilityRecord]:
-        rows = self._reader().execute(
-            "SELECT c.* FROM capabilities c JOIN (SELECT id, max(ordinal) AS ordinal "
-            "FROM capabilities GROUP BY id) latest USING (id, ordinal) ORDER BY c.id"
-        )
+    def latest_capabilities(
+        self, namespaces: Sequence[str] | None = None
+    ) -> list[CapabilityRecord]:
+        if namespaces is None:
+            rows = self._reader().execute(
+                "SELECT c.* FROM capabilities c JOIN (SELECT id, max(ordinal) AS ordinal "
+                "FROM capabilities GROUP BY id) latest USING (id, ordinal) ORDER BY c.id"
+            )
+        else:
+            where, params = _in_namespaces(namespaces)
+            rows = self._reader().execute(
+                f"SELECT c.* FROM capabilities c WHERE ({where}) AND {_LATEST} "  # noqa: S608
+                "ORDER BY c.id",
+                params,
+            )
         return [_capability(row) for row in rows]
 
     def get_invocation(self, invocation_id: str) -> InvocationRecord | None:
@@ -574,6 +591,24 @@ class SQLiteStore:
             for conn in self._readers:
                 conn.close()
             self._readers.clear()
+
+
+_LATEST: Final = "c.ordinal = (SELECT max(ordinal) FROM capabilities WHERE id = c.id)"
+"""The newest version of each id, found through the (id, ordinal) index."""
+
+
+def _in_namespaces(namespaces: Sequence[str]) -> tuple[str, list[str]]:
+    """A WHERE clause over ``c.id`` for the ids in these namespaces: each a
+    range of the primary key (``orders.`` up to ``orders/``, the character
+    after the dot), so the cost follows those namespaces' capabilities and
+    no one else's."""
+    if not namespaces:
+        return "0", []
+    terms, params = [], []
+    for namespace in namespaces:
+        terms.append("c.id = ? OR (c.id > ? AND c.id < ?)")
+        params += [namespace, namespace + ".", namespace + "/"]
+    return " OR ".join(f"({t})" for t in terms), params
 
 
 def _capability(row: sqlite3.Row) -> CapabilityRecord:
