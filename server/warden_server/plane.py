@@ -165,6 +165,7 @@ class Plane:
         shared = config.process_count > 1
         try:
             registry = Registry(store)
+            telemetry.metrics.declared_codes = registry.declared_codes
             policies = PolicyHolder(load_at_start(config, store, registry, joining=joined))
         except BaseException:
             store.close()

@@ -270,6 +270,13 @@ class Registry:
         record = self._store.get_capability(capability_id, version)
         return self._capability(record) if record else None
 
+    def declared_codes(self, capability_id: str, version: str) -> frozenset[str]:
+        """The error codes a capability version declares (none for an unknown one)."""
+        capability = self.get(capability_id, version) if version else None
+        if capability is None:
+            return frozenset()
+        return frozenset(e.code for e in capability.definition.errors)
+
     def latest(self) -> list[Capability]:
         return [self._capability(r) for r in self._store.latest_capabilities()]
 
