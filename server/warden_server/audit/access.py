@@ -109,7 +109,12 @@ def authorize_read(
     try:
         actor = authenticate()
     except AuthenticationError as exc:
-        reads.refused(_event(action, asked, None, "rejected", "UNAUTHENTICATED", str(exc)))
+        why = str(exc)
+        reads.refused(
+            ("rejected", None),
+            lambda: _event(action, asked, None, "rejected", "UNAUTHENTICATED", why),
+            action=action,
+        )
         raise
     wait = reads.limiter.admit(f"{actor.tenant}\x1f{actor.id}")
     if wait is not None:
@@ -117,7 +122,11 @@ def authorize_read(
             f"{actor.id} is over its rate of audit reads ([audit] read_rate)",
             retry_after_ms=math.ceil(wait * 1000),
         )
-        reads.refused(_event(action, asked, actor, "limited", "RATE_LIMITED", str(refusal)))
+        reads.refused(
+            ("limited", actor.id),
+            lambda: _event(action, asked, actor, "limited", "RATE_LIMITED", str(refusal)),
+            action=action,
+        )
         raise refusal
     try:
         scope = scope_of(actor, every_tenant=every_tenant)
@@ -240,7 +249,7 @@ class AuditReads:
         self.limiter = limiter
         self._store = store
         self._window_s = window_s
-        self._tallies: dict[tuple[str, str | None, str | None], _Tally] = {}
+        self._tallies: dict[tuple[str, str | None], _Tally] = {}
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self._closed = False
@@ -249,23 +258,28 @@ class AuditReads:
         """Commit an access record before the read is answered."""
         self._store.transact(lambda tx: tx.append_audit(event))
 
-    def refused(self, event: AuditEvent) -> None:
-        """A refusal: the first of its kind and caller in a window is recorded at
-        once, the others are counted into one summary at the window's end."""
-        key = (event.status, event.code, event.actor_id)
+    def refused(
+        self, key: tuple[str, str | None], event: Callable[[], AuditEvent], *, action: str
+    ) -> None:
+        """A refusal of kind ``key`` (status, caller): the first of a window is
+        recorded at once (``event`` builds its record), the others are counted
+        into one summary at the window's end, their records never built."""
         with self._lock:
             if not self._closed:
                 tally = self._tallies.get(key)
                 if tally is None and len(self._tallies) >= MAX_TRACKED_CALLERS:
-                    key = (event.status, event.code, None)  # fold the callers together
+                    key = (key[0], None)  # fold the callers together
                     tally = self._tallies.get(key)
                 if tally is not None:
                     tally.count += 1
-                    tally.actions[(event.reason or "").split(":", 1)[0]] += 1
+                    tally.actions[f"audit.{action}"] += 1
                     return
-                self._tallies[key] = _Tally(first=event)
+        first = event()
+        with self._lock:
+            if not self._closed and key not in self._tallies:
+                self._tallies[key] = _Tally(first=first)
                 self._schedule()
-        self.record(event)
+        self.record(first)
 
     def flush(self) -> None:
         """Record a summary of every window's refusals past the first, now."""
