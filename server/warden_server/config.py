@@ -218,6 +218,12 @@ class AuditSection(_Section):
     checkpoint_key_file: str | None = None
     """PEM Ed25519 key that signs retention checkpoints (the private key where
     pruning runs; the public key is enough to verify). Required with ``retention``."""
+    read_rate: Annotated[float, Field(gt=0)] = 5.0
+    """Audit API reads (Query, Stats, Verify, Export) each caller may make per
+    second on average, in each plane process; past it a read is refused
+    RESOURCE_EXHAUSTED with ``retry-after-ms``."""
+    read_burst: Annotated[int, Field(ge=1)] = 20
+    """Audit API reads a caller may make at once before ``read_rate`` applies."""
 
     @model_validator(mode="after")
     def _durations(self) -> AuditSection:

@@ -30,3 +30,11 @@ class Conflict(RequestError):
 
 class ResourceExhausted(RequestError):
     """The plane is at one of its limits; the message names it."""
+
+
+class RateLimited(ResourceExhausted):
+    """The caller is over a rate limit; ``retry_after_ms`` says when to try again."""
+
+    def __init__(self, message: str, *, retry_after_ms: int) -> None:
+        super().__init__(f"{message}; retry in {retry_after_ms} ms")
+        self.retry_after_ms = retry_after_ms

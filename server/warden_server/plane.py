@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from warden.shared.redaction import Redaction
 from warden_server.approvals.events import ApprovalHub
+from warden_server.audit.access import AuditReads, ReadLimiter
 from warden_server.audit.checkpoint import CheckpointKeyError, CheckpointSigner, CheckpointVerifier
 from warden_server.auth.actors import ActorVerifier
 from warden_server.auth.services import ServiceAuthenticator
@@ -108,6 +109,8 @@ class Plane:
     actors: ActorVerifier
     services: ServiceAuthenticator
     grants: GrantSigner
+    audit_reads: AuditReads
+    """Rate-limits and records audit API reads (SI-13)."""
     clock: Callable[[], datetime] = utc_now
     redaction: Redaction = field(default_factory=Redaction)
     """How sensitive values are stored (SI-5)."""
@@ -165,6 +168,7 @@ class Plane:
         shared = config.process_count > 1
         try:
             registry = Registry(store, config.limits)
+            telemetry.metrics.declared_codes = registry.declared_codes
             policies = PolicyHolder(load_at_start(config, store, registry, joining=joined))
         except BaseException:
             store.close()
@@ -189,6 +193,9 @@ class Plane:
             ),
             telemetry=telemetry,
             checkpoints=checkpoints,
+            audit_reads=AuditReads(
+                store, ReadLimiter(config.audit.read_rate, config.audit.read_burst)
+            ),
             joined=joined,
         )
 
@@ -199,6 +206,7 @@ class Plane:
     def close(self) -> None:
         self.reloader.stop()
         self.approval_events.close()
+        self.audit_reads.close()
         self.store.close()
         self.telemetry.close()
 

@@ -307,6 +307,13 @@ class Registry:
         record = self._store.get_capability(capability_id, version)
         return self._capability(record) if record else None
 
+    def declared_codes(self, capability_id: str, version: str) -> frozenset[str]:
+        """The error codes a capability version declares (none for an unknown one)."""
+        capability = self.get(capability_id, version) if version else None
+        if capability is None:
+            return frozenset()
+        return frozenset(e.code for e in capability.definition.errors)
+
     def latest(self, namespaces: Sequence[str] | None = None) -> list[Capability]:
         """The newest version of every capability, or of those in ``namespaces``
         (read through an index: the cost follows those namespaces alone)."""

@@ -84,3 +84,51 @@ def test_the_datasette_canned_queries_run(db: Path, name: str) -> None:
     tables = DATASETTE["databases"]["warden"]["tables"]
     assert set(tables) == {"audit_events", "audit_checkpoints"}
     assert set(tables["audit_events"]["facets"]) <= set(COLUMNS)
+
+
+AUDIT_TABLES = {"audit_events", "audit_checkpoints"}
+
+
+def _tables_read(db: Path, sql: str) -> set[str]:
+    """The tables a query reads, as SQLite's authorizer sees them when it prepares it."""
+    read: set[str] = set()
+
+    def authorize(action: int, table: str | None, *_: object) -> int:
+        if action == sqlite3.SQLITE_READ and table:
+            read.add(table)
+        return sqlite3.SQLITE_OK
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        conn.set_authorizer(authorize)
+        conn.execute(f"EXPLAIN {sql}", {"since": "", "invocation_id": ""}).fetchall()
+    finally:
+        conn.close()
+    return read
+
+
+def test_datasette_shows_only_the_audit_tables(db: Path) -> None:
+    """The store also holds approvals with their inputs, idempotency keys and the
+    registry: Datasette must deny them, and free SQL, which could read them."""
+    database = DATASETTE["databases"]["warden"]
+    assert database.get("allow") is False, "every table not listed must be denied"
+    assert database.get("allow_sql") is False, "free SQL could read any table"
+    assert set(database["tables"]) <= AUDIT_TABLES
+    assert all(table.get("allow") is True for table in database["tables"].values())
+    stored = {
+        name
+        for (name,) in sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'table'"
+        )
+    }
+    assert {"approvals", "idempotency_keys", "capabilities"} <= stored  # what is hidden
+    for name, canned in database["queries"].items():
+        assert canned.get("allow") is True, name
+        assert _tables_read(db, canned["sql"]) <= AUDIT_TABLES, name
+
+
+def test_the_docs_say_that_reading_the_file_bypasses_tenant_scoping() -> None:
+    section = DOC.split("## Browsing with Datasette", 1)[1].split("\n## ", 1)[0]
+    datasette = " ".join(section.split())
+    assert "bypasses the audit API's tenant scoping" in datasette
+    assert "auditor:all" in datasette

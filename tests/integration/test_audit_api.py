@@ -4,6 +4,7 @@ with --target and --token and prints what it prints for the store file."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from click.testing import CliRunner, Result
 
 from tests.conftest import Plant, make_config
 from tests.integration import auditlog
+from warden.shared.canonical import compact_json
 from warden.v1 import audit_pb2, audit_pb2_grpc
 from warden_server.app import serve
 from warden_server.audit import reader
@@ -86,6 +88,14 @@ def test_si13_actors_without_the_auditor_role_are_refused_and_recorded(
     assert record["reason"].startswith("audit.query: ")
 
 
+def refusals_recorded(records: list[dict[str, Any]]) -> int:
+    """How many refusals the records account for: one each, or a summary's count."""
+    return sum(
+        json.loads(r["input"])["refused"] if r["reason"].startswith("audit.refused") else 1
+        for r in records
+    )
+
+
 def test_si13_no_token_or_a_bad_token_is_unauthenticated_and_recorded(
     seeded: Plant, stub: audit_pb2_grpc.AuditStub
 ) -> None:
@@ -94,10 +104,85 @@ def test_si13_no_token_or_a_bad_token_is_unauthenticated_and_recorded(
             lambda m=metadata: stub.Query(audit_pb2.QueryRequest(), metadata=m)  # type: ignore[misc]
         )
         assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    first, *_ = access_records(seeded)  # the first of a window is recorded at once
+    assert (first["status"], first["actor_id"], first["code"]) == (
+        "rejected",
+        None,
+        "UNAUTHENTICATED",
+    )
+    seeded.server.stop()  # the rest are recorded together at the window's end, or at stop
     records = access_records(seeded)
-    assert [(r["status"], r["actor_id"], r["code"]) for r in records] == [
+    assert {(r["status"], r["actor_id"], r["code"]) for r in records} == {
         ("rejected", None, "UNAUTHENTICATED")
-    ] * 3
+    }
+    assert refusals_recorded(records) == 3
+
+
+def test_si13_unauthenticated_reads_cost_no_fsync_and_no_storage_each(
+    seeded: Plant, stub: audit_pb2_grpc.AuditStub
+) -> None:
+    """A flood of anonymous reads with large filters leaves a bounded trace:
+    a record for the first refusal of a window and one summary, not one each."""
+    size_before = seeded.db_path.stat().st_size
+    big = audit_pb2.QueryRequest(
+        filter=audit_pb2.AuditFilter(actor="a" * 4000, capabilities=["orders.*"] * 50)
+    )
+    for _ in range(300):
+        assert refused(lambda: stub.Query(big)).code() == grpc.StatusCode.UNAUTHENTICATED
+    assert len(access_records(seeded)) <= seeded.config.process_count
+    seeded.server.stop()
+    records = access_records(seeded)
+    assert len(records) <= 2 * seeded.config.process_count
+    assert refusals_recorded(records) == 300
+    assert all(len(r["input"]) < 2_000 for r in records)
+    wal = seeded.db_path.with_name(seeded.db_path.name + "-wal")
+    grown = seeded.db_path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+    assert grown - size_before < 200_000
+
+
+def test_si13_an_authenticated_read_records_its_filter_bounded_with_a_digest(
+    seeded: Plant, stub: audit_pb2_grpc.AuditStub
+) -> None:
+    # The largest filter the plane takes: 32 patterns, texts of 256 characters.
+    patterns = [f"orders.{i}" + "x" * 240 + "*" for i in range(32)]
+    query(stub, everyone(seeded), actor="x" * 256, capabilities=patterns)
+    (record,) = access_records(seeded)
+    kept = json.loads(record["input"])
+    assert kept["actor"] == "x" * 256
+    assert kept["capabilities"][:16] == patterns[:16] and len(kept["capabilities"]) == 17
+    whole = {"actor": "x" * 256, "capabilities": patterns, "limit": 1000}
+    assert kept["request_sha256"] == hashlib.sha256(compact_json(whole).encode()).hexdigest()
+
+
+def test_audit_reads_over_a_callers_rate_are_resource_exhausted_with_retry_info(
+    tmp_path: Path,
+) -> None:
+    config = make_config(tmp_path)
+    config = config.model_copy(
+        update={"audit": config.audit.model_copy(update={"read_rate": 0.01, "read_burst": 3})}
+    )
+    with serve(Plane.from_config(config), "127.0.0.1:0") as server:
+        plant = Plant(server, tmp_path)
+        token = everyone(plant)
+        with grpc.insecure_channel(plant.target) as channel:
+            stub = audit_pb2_grpc.AuditStub(channel)
+            for _ in range(3):
+                query(stub, token)
+            for _ in range(20):
+                error = refused(lambda: query(stub, token))
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "over its rate of audit reads" in (error.details() or "")
+            trailers = dict(error.trailing_metadata() or ())  # type: ignore[attr-defined]
+            assert int(trailers["retry-after-ms"]) > 1000
+            other = plant.token(sub="other", roles=("auditor:all",), tenant="")
+            query(stub, other)  # the limit is per caller
+        server.stop()
+        records = access_records(plant)
+    allowed = [r for r in records if r["status"] == "allowed"]
+    limited = [r for r in records if r["status"] == "limited"]
+    assert len(allowed) == 4
+    assert len(limited) <= 2 and refusals_recorded(limited) == 20
+    assert {r["code"] for r in limited} == {"RATE_LIMITED"}
 
 
 def test_si13_an_auditor_without_a_tenant_needs_auditor_all(

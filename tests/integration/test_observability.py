@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import logging
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
+import grpc
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -21,6 +23,7 @@ import warden
 from tests.conftest import ORDERS_TOKEN, Plant, make_config
 from tests.integration.approving import approval_rows, approver
 from tests.integration.lab import EchoOut, write_lab_policies
+from warden.v1 import errors_pb2, governor_pb2, governor_pb2_grpc
 from warden_server.app import serve
 from warden_server.config import config_from_dict
 from warden_server.plane import Plane
@@ -224,6 +227,46 @@ def test_decisions_and_outcomes_are_counted_as_the_audit_log_records_them(
         )
         == 1
     )
+
+
+def test_metric_code_labels_stay_bounded_whatever_codes_a_service_reports(
+    lab_plant: Plant, lab_rt: warden.Runtime
+) -> None:
+    """Undeclared codes reported by Complete fold into one label value; declared
+    and built-in codes keep their own; the audit log keeps every code."""
+    reported = [f"MADE_UP_{i}" for i in range(40)] + ["NOT_ELIGIBLE", "INTERNAL_ERROR"]
+    with grpc.insecure_channel(lab_plant.target) as channel:
+        governor = governor_pb2_grpc.GovernorStub(channel)
+        for code in reported:
+            invocation_id = str(uuid.uuid4())
+            granted = governor.Begin(
+                governor_pb2.BeginRequest(
+                    invocation_id=invocation_id,
+                    capability_id="orders.echo",
+                    actor_token=lab_plant.token(),
+                    input_json='{"n": 1}',
+                ),
+                metadata=(("x-warden-service-token", ORDERS_TOKEN),),
+                timeout=10,
+            )
+            governor.Complete(
+                governor_pb2.CompleteRequest(
+                    invocation_id=invocation_id,
+                    grant_token=granted.grant.token,
+                    status=governor_pb2.OUTCOME_STATUS_FAILED,
+                    failure=errors_pb2.Failure(code=code, stage="execution", public_message="No."),
+                ),
+                metadata=(("x-warden-service-token", ORDERS_TOKEN),),
+                timeout=10,
+            )
+    exposition = lab_plant.server.plane.telemetry.metrics.exposition().decode()
+    assert "MADE_UP_" not in exposition
+    outcome = {"stage": "execution", "status": "failed"}
+    assert sample(lab_plant, "warden_outcomes_total", code="undeclared", **outcome) == 40
+    assert sample(lab_plant, "warden_outcomes_total", code="NOT_ELIGIBLE", **outcome) == 1
+    assert sample(lab_plant, "warden_outcomes_total", code="INTERNAL_ERROR", **outcome) == 1
+    recorded = {r["code"] for r in lab_plant.events(kind="outcome")}
+    assert set(reported) <= recorded
 
 
 def test_latency_is_observed_per_rpc_and_per_stage(

@@ -52,6 +52,8 @@ class VerifyResult:
         first_bad_seq: The first sequence number that is not what was written.
         problem: What is wrong there, in words.
         start_seq: Where the walk began (1, or after a retention checkpoint).
+        unreadable: The store file itself is corrupt: SQLite could not read
+            it past ``first_bad_seq`` (a verdict of its own, not a tampered record).
     """
 
     ok: bool
@@ -59,6 +61,7 @@ class VerifyResult:
     first_bad_seq: int | None = None
     problem: str | None = None
     start_seq: int = 1
+    unreadable: bool = False
 
 
 def verify_rows(
@@ -80,7 +83,12 @@ def verify_rows(
         return VerifyResult(False, max(seq - start_seq, 0), seq, problem, start_seq)
 
     for row in rows:
-        seq = int(row["seq"])
+        try:
+            seq = int(row["seq"])
+            record_hash(row)
+        except (KeyError, TypeError, ValueError) as exc:
+            # A value no record can hold (a damaged page read back as another type).
+            return bad(expected_seq, f"the record after seq {expected_seq - 1} is malformed: {exc}")
         if seq != expected_seq:
             if seq < expected_seq:
                 return bad(seq, f"seq {seq} appears out of order after seq {expected_seq - 1}")

@@ -9,6 +9,7 @@ parameters; only fixed column names are spliced into SQL.
 from __future__ import annotations
 
 import math
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -340,30 +341,74 @@ def verify(store: Store, verifier: CheckpointVerifier | None = None) -> VerifyRe
     """Walk the chain and name the first bad sequence number (SI-4).
 
     After pruning, the walk starts at the newest retention checkpoint, whose
-    signature must hold under ``verifier``.
+    signature must hold under ``verifier``. A store file SQLite cannot read
+    (a damaged page) is a verdict too: ``unreadable``, naming the first record
+    that could not be read.
 
     Raises:
         CheckpointUnverifiable: there is a checkpoint but no key to check it.
     """
-    checkpoint = store.audit_checkpoint()
-    rows = store.audit_rows(order="seq")
-    if checkpoint is None:
-        return verify_rows(rows)
-    if verifier is None:
-        raise CheckpointUnverifiable(
-            f"the log was pruned through seq {checkpoint.seq}; checking its signed checkpoint "
-            "needs the plane's checkpoint key ([audit] checkpoint_key_file, or --public-key)"
-        )
-    if not verifier.check(checkpoint):
+    readable = _Readable()
+    try:
+        checkpoint = store.audit_checkpoint()
+    except sqlite3.DatabaseError as exc:
+        return readable.verdict(exc, start_seq=1)
+    start_seq = checkpoint.seq + 1 if checkpoint else 1
+    rows = readable.rows(store.audit_rows(order="seq"))
+    try:
+        if checkpoint is None:
+            return verify_rows(rows)
+        if verifier is None:
+            raise CheckpointUnverifiable(
+                f"the log was pruned through seq {checkpoint.seq}; checking its signed "
+                "checkpoint needs the plane's checkpoint key ([audit] checkpoint_key_file, "
+                "or --public-key)"
+            )
+        if not verifier.check(checkpoint):
+            return VerifyResult(
+                False,
+                0,
+                checkpoint.seq,
+                f"the retention checkpoint at seq {checkpoint.seq} is not signed by key "
+                f"{verifier.key_id} (signed as {checkpoint.key_id})",
+                checkpoint.seq + 1,
+            )
+        return verify_rows(rows, checkpoint.hash, checkpoint.seq + 1)
+    except sqlite3.DatabaseError as exc:
+        return readable.verdict(exc, start_seq=start_seq)
+
+
+class _Readable:
+    """Follows a walk over the rows, to name where the file stopped being readable."""
+
+    def __init__(self) -> None:
+        self.last_seq: int | None = None
+
+    def rows(self, rows: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for row in rows:
+            seq = row.get("seq")
+            self.last_seq = seq if isinstance(seq, int) else self.last_seq
+            yield row
+
+    def verdict(self, exc: sqlite3.DatabaseError, *, start_seq: int) -> VerifyResult:
+        after = self.last_seq
+        first = after + 1 if after is not None else start_seq
+        where = f"after seq {after}" if after is not None else "before its first record"
         return VerifyResult(
             False,
-            0,
-            checkpoint.seq,
-            f"the retention checkpoint at seq {checkpoint.seq} is not signed by key "
-            f"{verifier.key_id} (signed as {checkpoint.key_id})",
-            checkpoint.seq + 1,
+            max(first - start_seq, 0),
+            first,
+            f"the store file is corrupt: SQLite cannot read it {where} ({plain(str(exc))})",
+            start_seq,
+            unreadable=True,
         )
-    return verify_rows(rows, checkpoint.hash, checkpoint.seq + 1)
+
+
+def plain(text: str, limit: int = 200) -> str:
+    """``text`` as one printable line of at most ``limit`` characters: a message
+    from a damaged file may quote its bytes."""
+    printable = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
+    return printable if len(printable) <= limit else printable[:limit] + "..."
 
 
 def _moment(iso: str) -> datetime:

@@ -8,20 +8,22 @@ which scopes answers to the auditor's tenant and records each read.
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from warden_server.audit.anchors import Anchor
 from warden_server.audit.anchors import check as anchors_check
 from warden_server.audit.anchors import head as anchors_head
+from warden_server.audit.chain import VerifyResult
 from warden_server.audit.checkpoint import CheckpointKeyError, CheckpointSigner
 from warden_server.audit.events import KINDS
-from warden_server.audit.reader import GROUPINGS, MAX_LIMIT, AuditFilter, Stats
+from warden_server.audit.reader import GROUPINGS, MAX_LIMIT, AuditFilter, Stats, plain
 from warden_server.audit.retention import PruneRefused, prune
 from warden_server.cli.audit_sources import AuditSource, LocalSource, RemoteSource
 from warden_server.cli.common import CONFIG_OPTION, STORE_OPTION, load, open_store
@@ -203,12 +205,47 @@ def audit_stats(by: str, as_json: bool, **values: Any) -> None:
     "at SEQ must still have HASH (catches a log cut short or rewritten). Repeatable.",
 )
 def audit_verify(public_key: str | None, anchors: tuple[str, ...], **values: Any) -> None:
-    """Walk the hash chain; name the first bad sequence number."""
+    """Walk the hash chain; name the first bad sequence number.
+
+    Exit status: 0 intact, 1 tampered (a record or an anchor), 2 the store file
+    is corrupt (SQLite cannot read it).
+    """
     try:
         expected = [Anchor.parse(text) for text in anchors]
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--anchor") from None
-    source = _source(values, public_key)
+    if not values["target"]:
+        _check_file(values["config_path"], values["store"])
+    try:
+        result, problems = _verify(_source(values, public_key), expected)
+    except click.ClickException:
+        raise
+    except Exception as exc:  # a damaged file can break any read; say so, never crash
+        _corrupt(f"the store could not be read ({type(exc).__name__}: {exc})")
+    since = f" from seq {result.start_seq} (after the retention checkpoint)"
+    where = since if result.start_seq > 1 else ""
+    if result.unreadable:
+        _corrupt(
+            f"at seq {result.first_bad_seq}: {result.problem} "
+            f"({result.checked} records verified before it{where})"
+        )
+    if not result.ok:
+        click.echo(
+            f"TAMPERED at seq {result.first_bad_seq}: {plain(result.problem or '')} "
+            f"({result.checked} records verified before it{where})",
+            err=True,
+        )
+        sys.exit(1)
+    if problems:
+        for problem in problems:
+            click.echo(f"TAMPERED: {problem}", err=True)
+        sys.exit(1)
+    held = f"; {len(expected)} anchors hold" if expected else ""
+    click.echo(f"ok: {result.checked} records{where}, chain intact{held}")
+
+
+def _verify(source: AuditSource, expected: list[Anchor]) -> tuple[VerifyResult, list[str]]:
+    """The chain's verdict, and what is wrong against each anchor."""
     try:
         result = source.verify()
         problems = []
@@ -225,21 +262,41 @@ def audit_verify(public_key: str | None, anchors: tuple[str, ...], **values: Any
                 problems.append(problem)
     finally:
         source.close()
-    since = f" from seq {result.start_seq} (after the retention checkpoint)"
-    where = since if result.start_seq > 1 else ""
-    if not result.ok:
-        click.echo(
-            f"TAMPERED at seq {result.first_bad_seq}: {result.problem} "
-            f"({result.checked} records verified before it{where})",
-            err=True,
-        )
-        sys.exit(1)
-    if problems:
-        for problem in problems:
-            click.echo(f"TAMPERED: {problem}", err=True)
-        sys.exit(1)
-    held = f"; {len(expected)} anchors hold" if expected else ""
-    click.echo(f"ok: {result.checked} records{where}, chain intact{held}")
+    return result, problems
+
+
+CORRUPTION_SHOWN = 5
+"""Problems of a damaged file that ``verify`` prints before "and N more"."""
+
+
+def _check_file(config_path: str, store: str | None) -> None:
+    """Exit 2 when SQLite finds the store file damaged (``PRAGMA quick_check``),
+    which a walk of the chain alone would miss in an index."""
+    path = Path(store) if store else load(config_path).store_path
+    if not path.exists():
+        raise click.ClickException(f"{path}: no such store")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            found = [
+                line.strip()
+                for (text,) in conn.execute("PRAGMA quick_check")
+                for line in str(text).splitlines()
+                if line.strip() and not line.startswith("*** in database")
+            ]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        _corrupt(f"{path} cannot be read as a SQLite database ({exc})")
+    if found != ["ok"]:
+        more = len(found) - CORRUPTION_SHOWN
+        shown = "; ".join(found[:CORRUPTION_SHOWN]) + (f"; and {more} more" if more > 0 else "")
+        _corrupt(f"{path} is damaged: {shown}")
+
+
+def _corrupt(problem: str) -> NoReturn:
+    click.echo(f"CORRUPT: {plain(problem, limit=1000)}", err=True)
+    sys.exit(2)
 
 
 @audit.command("head")

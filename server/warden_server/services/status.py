@@ -16,6 +16,7 @@ from warden_server.errors import (
     InvalidRequest,
     NotFound,
     PermissionDenied,
+    RateLimited,
     RequestError,
     ResourceExhausted,
     Unauthenticated,
@@ -23,6 +24,9 @@ from warden_server.errors import (
 from warden_server.store import StoreError
 
 log = logging.getLogger("warden_server.rpc")
+
+RETRY_AFTER_METADATA = "retry-after-ms"
+"""Trailing metadata of a rate-limited call: the milliseconds to wait before retrying."""
 R = TypeVar("R")
 
 _STATUS: dict[type[Exception], grpc.StatusCode] = {
@@ -76,6 +80,8 @@ def stream_rpc(
 
 
 def _abort_for(context: grpc.ServicerContext, exc: Exception, method: str) -> NoReturn:
+    if isinstance(exc, RateLimited):
+        context.set_trailing_metadata(((RETRY_AFTER_METADATA, str(exc.retry_after_ms)),))
     if isinstance(exc, RequestError | ServiceAuthenticationError | AuthenticationError):
         abort(context, status_of(exc), str(exc))
     if isinstance(exc, StoreError):

@@ -1,14 +1,17 @@
 """Prometheus metrics of one plane, in a registry of its own.
 
 Labels are stages, codes, statuses, RPC methods and pipeline steps: bounded
-sets, never ids, inputs or messages (SI-5).
+sets, never ids, inputs or messages (SI-5). A code is a label value only when
+it is built in or declared by the capability it was reported for; any other
+code a service reports folds into ``undeclared``, so no caller can grow the
+exposition without bound.
 """
 
 from __future__ import annotations
 
 import logging
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -17,12 +20,24 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from warden.shared.codes import CODES
 from warden_server.audit.events import AuditEvent
 
 log = logging.getLogger(__name__)
 
 NONE: Final = "none"
 """The label value for an absent stage or code (a grant has neither)."""
+UNDECLARED: Final = "undeclared"
+"""The label value for a reported code that is neither built in nor declared
+by the capability (see ``Metrics.declared_codes``)."""
+
+DeclaredCodes = Callable[[str, str], Collection[str]]
+"""The codes a capability version declares: ``(capability_id, version) -> codes``."""
+
+
+def _none_declared(capability_id: str, version: str) -> Collection[str]:
+    return ()
+
 
 _LATENCY_BUCKETS: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -34,6 +49,8 @@ class Metrics:
     """Every metric the plane exports."""
 
     def __init__(self) -> None:
+        self.declared_codes: DeclaredCodes = _none_declared
+        """Where the codes a capability declares are looked up (the plane's registry)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.decisions = Counter(
@@ -105,10 +122,25 @@ class Metrics:
             counter = {"decision": self.decisions, "outcome": self.outcomes}.get(event.kind)
             if counter is not None:
                 counter.labels(
-                    stage=event.stage or NONE, code=event.code or NONE, status=event.status
+                    stage=event.stage or NONE, code=self._code_label(event), status=event.status
                 ).inc()
             elif event.kind == "policy":
                 self._policy_recorded(event)
+
+    def _code_label(self, event: AuditEvent) -> str:
+        code = event.code
+        if code is None:
+            return NONE
+        if code in CODES:
+            return code
+        try:
+            declared = self.declared_codes(
+                event.capability_id or "", event.capability_version or ""
+            )
+        except Exception:
+            log.exception("could not read the declared errors of %s", event.capability_id)
+            declared = ()
+        return code if code in declared else UNDECLARED
 
     def _policy_recorded(self, event: AuditEvent) -> None:
         # Every load and refusal of the policy folder, at start or on reload,
