@@ -44,7 +44,7 @@ MAX_RECORDED_PROBLEMS_CHARS = 16_000
 
 def input_schemas(registry: Registry) -> list[InputSchema]:
     """The registered capabilities' input schemas (latest versions) for the checker."""
-    return [InputSchema(c.id, c.definition.input_schema) for c in registry.latest()]
+    return [InputSchema(c.id, c.definition.input_schema, c.version) for c in registry.latest()]
 
 
 def load_at_start(

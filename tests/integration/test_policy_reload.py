@@ -216,3 +216,48 @@ def test_a_vanished_folder_keeps_the_last_good_set(
     (row,) = plant.events(kind="policy", status="rejected")
     assert row["policy_revision"] is None
     assert row["cause_message"] == f"{folder}:1:1: no such policy folder"
+
+
+# Each of these reads a field or variable the wrong way for its declared type
+# (orders.echo's input is {n: integer, note: string}): every matching call
+# would fail to evaluate, so the checker refuses the set.
+ILL_TYPED = {
+    'input.n > "500"': "no operator '>' for (int, string): input.n is an integer in orders.echo",
+    "input.note > 500": "no operator '>' for (string, int): input.note is a string in orders.echo",
+    "actor.roles > 5": "no operator '>' for (list(string), int): actor.roles is a list of strings",
+    "size(input.n) > 1": "no function 'size' for (int): input.n is an integer in orders.echo",
+    "1/0 == 1": "1/0 always fails: divide by zero",
+    'matches(actor.id, "[")': '"[" is not a valid regular expression: missing ]: [',
+    "actor.tenant": "'when' must be a bool, found string",
+}
+
+
+def test_si12_an_ill_typed_set_is_refused_on_reload_and_the_previous_set_serves(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    folder = tmp_path / "live"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text(SET_A)
+    plant = start_plane(folder, watch_policies=False)
+    rt = build_lab(plant.target, ORDERS_TOKEN, Lab())
+    rt.register()
+    reloader, holder = plant.server.plane.reloader, plant.server.plane.policies
+    before = holder.current()
+    for when, message in ILL_TYPED.items():
+        rule = (
+            'rules:\n  - id: ill-typed\n    capabilities: ["orders.echo"]\n'
+            f"    effect: deny\n    when: '{when}'\n"
+        )
+        write_atomically(folder / "zz-typed.yaml", rule)
+        assert reloader.reload() == "rejected", when
+        rejected = holder.status().rejected
+        assert rejected is not None
+        [problem] = rejected.problems
+        assert (problem.file, problem.line) == (str(folder / "zz-typed.yaml"), 5), when
+        assert problem.column > 1 or message.startswith("'when'"), when
+        assert problem.message.startswith(message), (when, problem.message)
+        assert holder.current() is before
+    env = rt.invoke("orders.echo", {"n": 10}, actor=plant.token())
+    assert env.status == "succeeded"
+    statuses = [r["status"] for r in plant.events(kind="policy")]
+    assert statuses == ["loaded"] + ["rejected"] * len(ILL_TYPED)

@@ -249,7 +249,7 @@ def _capabilities(
     if store is None and target is None:
         return None
     return [
-        InputSchema(definition.id, definition.input_schema)
+        InputSchema(definition.id, definition.input_schema, definition.version)
         for definition, _ in _registered(store, target, token)
     ]
 
