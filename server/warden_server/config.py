@@ -221,6 +221,13 @@ class AuditSection(_Section):
         return self
 
 
+class PoliciesSection(_Section):
+    require_passing_tests: bool = True
+    """A policy set whose own tests (``tests/`` of the policy folder) fail, or
+    whose test files have problems, is not loaded: at startup the plane does
+    not start, on reload the set in force stays (SI-12)."""
+
+
 class TelemetrySection(_Section):
     metrics_listen: str | None = None
     """host:port of the Prometheus endpoint (``/metrics``); unset serves none."""
@@ -239,6 +246,7 @@ class Config(_Section):
     redaction: RedactionSection = RedactionSection()
     audit: AuditSection = AuditSection()
     telemetry: TelemetrySection = TelemetrySection()
+    policies: PoliciesSection = PoliciesSection()
     base_dir: Path = Path()
     """The folder relative paths are resolved against (the config file's)."""
 

@@ -169,6 +169,9 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
         if not case.passed:
             shown = {k: case.actual.get(k) for k in case.expected}
             line += f"\n      {case.file}\n      expected {case.expected}\n      got      {shown}"
+            line += f"\n      matched  {', '.join(case.matched) or 'no rule'}"
+            for rule, error in case.errors:
+                line += f"\n      rule {rule!r} failed to evaluate: {error}"
             if case.disagreement is not None:
                 d = case.disagreement
                 line += (
