@@ -260,6 +260,13 @@ class LimitsSection(_Section):
     bytes: what discovery answers at most, so that its answer fits one message."""
 
 
+class PoliciesSection(_Section):
+    require_passing_tests: bool = True
+    """A policy set whose own tests (``tests/`` of the policy folder) fail, or
+    whose test files have problems, is not loaded: at startup the plane does
+    not start, on reload the set in force stays (SI-12)."""
+
+
 class TelemetrySection(_Section):
     metrics_listen: str | None = None
     """host:port of the Prometheus endpoint (``/metrics``); unset serves none."""
@@ -279,6 +286,7 @@ class Config(_Section):
     audit: AuditSection = AuditSection()
     telemetry: TelemetrySection = TelemetrySection()
     limits: LimitsSection = LimitsSection()
+    policies: PoliciesSection = PoliciesSection()
     base_dir: Path = Path()
     """The folder relative paths are resolved against (the config file's)."""
 

@@ -30,6 +30,7 @@ from warden_server.policy.loader import (
     read_policy_folder,
 )
 from warden_server.policy.serving import evaluator_for, serving
+from warden_server.policy.testing import failing_tests
 from warden_server.registry import Registry
 from warden_server.store import Store, WriteTransaction
 
@@ -44,7 +45,7 @@ MAX_RECORDED_PROBLEMS_CHARS = 16_000
 
 def input_schemas(registry: Registry) -> list[InputSchema]:
     """The registered capabilities' input schemas (latest versions) for the checker."""
-    return [InputSchema(c.id, c.definition.input_schema) for c in registry.latest()]
+    return [InputSchema(c.id, c.definition.input_schema, c.version) for c in registry.latest()]
 
 
 def load_at_start(
@@ -205,7 +206,12 @@ def _compile(
         capabilities=input_schemas(registry),
         reuse=in_force,
     )
-    return serving(compiled, source.directory)
+    served = serving(compiled, source.directory)
+    if config.policies.require_passing_tests:
+        failing = failing_tests(served, source.directory)
+        if failing:
+            raise PolicyLoadError(failing, source.revision, source.names)
+    return served
 
 
 def _record_load(

@@ -348,6 +348,39 @@ tests:
     assert result.exit_code == 1
     assert "FAIL  a customer's refund is wrongly expected to pass" in result.stdout
     assert "1 failed" in result.stdout
+    assert "      matched  no rule\n" in result.stdout
+
+
+def test_a_failing_policy_test_says_which_rules_matched_and_why_others_failed(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "policies"
+    shutil.copytree(EXAMPLE_POLICIES, folder)
+    (folder / "tests" / "wrong.yaml").write_text(
+        """\
+tests:
+  - name: a refund without an amount
+    capability: orders.refund
+    actor: {id: bot-7, roles: [support], tenant: acme}
+    input: {order_id: A1}
+    expect: {effect: allow}
+"""
+    )
+    result = run("policy", "test", str(folder), "--run", "without an amount")
+    assert result.exit_code == 1
+    assert "      got      {'effect': 'error'}\n      matched  support-may-refund\n" in (
+        result.stdout
+    )
+    assert (
+        "      rule 'refunds-over-500-need-a-manager' failed to evaluate: no such key: amount\n"
+    ) in result.stdout
+    # An erroring rule is not covered.
+    assert "rules no test exercised: " in result.stdout
+    assert "refunds-over-500-need-a-manager" in result.stdout.split("rules no test exercised: ")[1]
+    as_json = run("policy", "test", str(folder), "--run", "without an amount", "--json")
+    case = json.loads(as_json.stdout.splitlines()[0])
+    assert case["matched"] == ["support-may-refund"]
+    assert {"rule": "no-refunds-above-10000", "error": "no such key: amount"} in case["errors"]
 
 
 def test_policy_test_reports_rules_no_test_exercised(tmp_path: Path) -> None:

@@ -24,6 +24,17 @@ rules:
     effect: deny
     when: input.amout > 500
 """
+ILL_TYPED = """
+rules:
+  - id: amount-compared-with-text
+    capabilities: ["orders.refund"]
+    effect: deny
+    when: input.amount > "500"
+"""
+ILL_TYPED_PROBLEM = (
+    "rules[0].when: no operator '>' for (int, string): input.amount is an integer in "
+    "orders.refund v1"
+)
 MISSPELLED_PROBLEM = (
     "rules[0].when: input.amout: input has no field 'amout' in the input schema of "
     "orders.refund (fields: amount, order_id)"
@@ -109,11 +120,18 @@ def test_check_reads_input_schemas_from_a_plane_a_store_or_a_snapshot(
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "rules.yaml").write_text(MISSPELLED)
+    ill_typed = tmp_path / "ill-typed"
+    ill_typed.mkdir()
+    (ill_typed / "rules.yaml").write_text(ILL_TYPED)
     snapshot = tmp_path / "capabilities.json"
-    exported = warden("policy", "capabilities", "--target", plant.target, "--token", token)
+    exported = warden(
+        "policy", "capabilities", "--target", plant.target, "--token", token, "--out", str(snapshot)
+    )
     assert exported.exit_code == 0, exported.output
-    snapshot.write_text(exported.output)
-    assert [c["id"] for c in json.loads(exported.output)["capabilities"]] == [
+    assert json.loads(snapshot.read_text()) == json.loads(
+        warden("policy", "capabilities", "--store", str(plant.db_path)).output
+    )
+    assert [c["id"] for c in json.loads(snapshot.read_text())["capabilities"]] == [
         "orders.export",
         "orders.get",
         "orders.refund",
@@ -127,8 +145,19 @@ def test_check_reads_input_schemas_from_a_plane_a_store_or_a_snapshot(
         result = warden("policy", "check", str(broken), *source)
         assert result.exit_code == 1, (name, result.output)
         assert f"{broken}/rules.yaml:6:11: {MISSPELLED_PROBLEM}" in result.output, name
+        result = warden("policy", "check", str(ill_typed), *source)
+        assert result.exit_code == 1, (name, result.output)
+        assert f"{ill_typed}/rules.yaml:6:24: {ILL_TYPED_PROBLEM}" in result.output, name
         good = warden("policy", "check", str(EXAMPLE_POLICIES), *source)
         assert good.exit_code == 0, (name, good.output)
-        assert "input fields checked against 3 capabilities" in good.output, name
-    # Without a source of schemas the field cannot be checked: the set is fine.
-    assert warden("policy", "check", str(broken)).exit_code == 0
+        assert "input fields and types checked against 3 capabilities" in good.output, name
+        assert "not checked" not in good.output, name
+    # Without a source of schemas, input cannot be checked, and the check says so.
+    unchecked = warden("policy", "check", str(ill_typed))
+    assert unchecked.exit_code == 0
+    assert "not checked: fields and types of input" in unchecked.output
+    # A snapshot kept beside the policies is read without being named.
+    shutil.copy(snapshot, ill_typed / "capabilities.json")
+    result = warden("policy", "check", str(ill_typed))
+    assert result.exit_code == 1
+    assert f"{ill_typed}/rules.yaml:6:24: {ILL_TYPED_PROBLEM}" in result.output

@@ -122,3 +122,50 @@ def test_a_plane_refuses_to_start_on_a_broken_set_and_records_why(tmp_path: Path
         store.close()
     assert (row["kind"], row["status"], row["reason"]) == ("policy", "rejected", "startup")
     assert row["cause_message"] == str(raised.value)
+
+
+FAILING_AT_RUN_TIME = """
+rules:
+  - id: allow-all
+    capabilities: ["orders.*"]
+    effect: allow
+  - id: level-compared-with-number
+    capabilities: ["orders.echo"]
+    effect: deny
+    when: actor.attrs.level > 5
+  - id: missing-claim
+    capabilities: ["orders.echo"]
+    effect: deny
+    when: actor.attrs.nickname == "x"
+  - id: divides-by-zero
+    capabilities: ["orders.echo"]
+    effect: deny
+    when: input.n / (input.n - 13) > 0
+"""
+
+
+@pytest.mark.parametrize("evaluator", ["cel-cpp", "cel-python"])
+def test_si5_a_rule_failing_at_run_time_leaves_one_line_in_words_in_the_audit_log(
+    start_plane: Callable[..., Plant], tmp_path: Path, evaluator: str
+) -> None:
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text(FAILING_AT_RUN_TIME)
+    plant = start_plane(folder, watch_policies=False, evaluator=evaluator)
+    rt = build_lab(plant.target, "test-orders-token", Lab())
+    rt.register()
+    secret = "claim-value-7f3a9"
+    env = rt.invoke(
+        "orders.echo", {"n": 13, "note": "input-value-c41d"}, actor=plant.token(level=secret)
+    )
+    rt.close()
+    assert env.error is not None and env.error.code == "POLICY_FAILED"
+    (row,) = plant.events(invocation_id=env.invocation_id, kind="decision")
+    errors = {r["id"]: r["error"] for r in json.loads(row["rules"])["evaluated"] if "error" in r}
+    assert errors == {
+        "level-compared-with-number": "no operator '>' for (string, int)",
+        "missing-claim": "no such key: nickname",
+        "divides-by-zero": "division by zero",
+    }
+    for private in (secret, "input-value-c41d", "bot-7", "acme", "celpy", "<class", "0x"):
+        assert private not in row["rules"], private

@@ -13,10 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from tests.conftest import ORDERS_TOKEN, Plant
+from tests.conftest import ORDERS_TOKEN, Plant, make_config
 from tests.integration.lab import Lab, build_lab
+from warden_server.app import serve
 from warden_server.audit.chain import verify_rows
+from warden_server.cli import main
+from warden_server.config import PoliciesSection
+from warden_server.plane import Plane
 from warden_server.policy.loader import read_policy_folder
 
 # These tests read the plane's own memory (its spans, metrics, reloader and
@@ -216,3 +221,103 @@ def test_a_vanished_folder_keeps_the_last_good_set(
     (row,) = plant.events(kind="policy", status="rejected")
     assert row["policy_revision"] is None
     assert row["cause_message"] == f"{folder}:1:1: no such policy folder"
+
+
+# Each of these reads a field or variable the wrong way for its declared type
+# (orders.echo's input is {n: integer, note: string}): every matching call
+# would fail to evaluate, so the checker refuses the set.
+ILL_TYPED = {
+    'input.n > "500"': "no operator '>' for (int, string): input.n is an integer in orders.echo",
+    "input.note > 500": "no operator '>' for (string, int): input.note is a string in orders.echo",
+    "actor.roles > 5": "no operator '>' for (list(string), int): actor.roles is a list of strings",
+    "size(input.n) > 1": "no function 'size' for (int): input.n is an integer in orders.echo",
+    "1/0 == 1": "1/0 always fails: divide by zero",
+    'matches(actor.id, "[")': '"[" is not a valid regular expression: missing ]: [',
+    "actor.tenant": "'when' must be a bool, found string",
+}
+
+
+def test_si12_an_ill_typed_set_is_refused_on_reload_and_the_previous_set_serves(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    folder = tmp_path / "live"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text(SET_A)
+    plant = start_plane(folder, watch_policies=False)
+    rt = build_lab(plant.target, ORDERS_TOKEN, Lab())
+    rt.register()
+    reloader, holder = plant.server.plane.reloader, plant.server.plane.policies
+    before = holder.current()
+    for when, message in ILL_TYPED.items():
+        rule = (
+            'rules:\n  - id: ill-typed\n    capabilities: ["orders.echo"]\n'
+            f"    effect: deny\n    when: '{when}'\n"
+        )
+        write_atomically(folder / "zz-typed.yaml", rule)
+        assert reloader.reload() == "rejected", when
+        rejected = holder.status().rejected
+        assert rejected is not None
+        [problem] = rejected.problems
+        assert (problem.file, problem.line) == (str(folder / "zz-typed.yaml"), 5), when
+        assert problem.column > 1 or message.startswith("'when'"), when
+        assert problem.message.startswith(message), (when, problem.message)
+        assert holder.current() is before
+    env = rt.invoke("orders.echo", {"n": 10}, actor=plant.token())
+    assert env.status == "succeeded"
+    statuses = [r["status"] for r in plant.events(kind="policy")]
+    assert statuses == ["loaded"] + ["rejected"] * len(ILL_TYPED)
+
+
+FAILING_TEST = """
+tests:
+  - name: a small number is refused
+    capability: orders.echo
+    input: {n: 10}
+    expect: {effect: deny, rule: limit}
+"""
+
+
+def test_si12_a_set_whose_own_tests_fail_is_not_loaded_and_status_names_the_case(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    folder = tmp_path / "live"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "rules.yaml").write_text(SET_A)
+    plant = start_plane(folder, watch_policies=False)
+    reloader, holder = plant.server.plane.reloader, plant.server.plane.policies
+    before = holder.current()
+    (folder / "tests" / "limits.yaml").write_text(FAILING_TEST)
+    write_atomically(folder / "rules.yaml", SET_B)
+    assert reloader.reload() == "rejected"
+    assert holder.current() is before
+    rejected = holder.status().rejected
+    assert rejected is not None
+    [problem] = rejected.problems
+    assert (problem.file, problem.line) == (str(folder / "tests" / "limits.yaml"), 3)
+    assert problem.message == (
+        "test 'a small number is refused' fails: expected {'effect': 'deny', 'rule': 'limit'}, "
+        "got {'effect': 'allow', 'rule': 'allow-all'}"
+    )
+    status = CliRunner().invoke(
+        main,
+        ["policy", "status", "--target", plant.target, "--token", plant.token(roles=("auditor",))],
+    )
+    assert status.exit_code == 1
+    assert f"{folder}/tests/limits.yaml:3:1: test 'a small number is refused' fails" in (
+        status.output
+    )
+
+
+def test_a_set_whose_tests_fail_loads_when_the_gate_is_off(tmp_path: Path) -> None:
+    folder = tmp_path / "live"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "rules.yaml").write_text(SET_A)
+    (folder / "tests" / "limits.yaml").write_text(FAILING_TEST)
+    config = make_config(tmp_path, folder, watch_policies=False)
+    config = config.model_copy(update={"policies": PoliciesSection(require_passing_tests=False)})
+    running = serve(Plane.from_config(config), "127.0.0.1:0")
+    try:
+        write_atomically(folder / "rules.yaml", SET_B)
+        assert running.plane.reloader.reload() == "loaded"
+    finally:
+        running.stop(grace=0)

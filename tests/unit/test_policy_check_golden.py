@@ -66,5 +66,14 @@ def test_golden_cases_cover_every_kind_of_problem() -> None:
         "cost_limit",
         "test_files",
         "many_problems",
+        # The type checker: each mistake that would fail every matching call.
+        "type_integer_compared_with_string",
+        "type_string_compared_with_integer",
+        "type_list_compared_with_integer",
+        "type_size_of_integer",
+        "constant_division_by_zero",
+        "constant_invalid_regex",
+        "type_condition_not_bool",
+        "type_result_kinds",
     }
     assert expected <= {p.name for p in CASES.iterdir() if p.is_dir()}

@@ -169,8 +169,9 @@ def test_runtime_error_in_an_enforced_rule_fails_closed(tmp_path: Path) -> None:
 
 
 def test_non_bool_when_is_an_error(tmp_path: Path) -> None:
-    ps = policies(tmp_path, "rules:\n" + rule("a", "allow") + rule("num", "deny", "1 + 1"))
-    d = decide(ps)
+    # Untyped input is dyn: the checker cannot prove it is not a bool.
+    ps = policies(tmp_path, "rules:\n" + rule("a", "allow") + rule("num", "deny", "input.count"))
+    d = decide(ps, count=2)
     assert d.effect == "error"
     [bad] = [r for r in d.results if r.rule_id == "num"]
     assert bad.error == "'when' must be a bool, got int"
@@ -241,9 +242,9 @@ def test_message_expr_falls_back_to_message_when_it_errors(tmp_path: Path) -> No
 
 
 def test_message_expr_that_is_not_a_string_falls_back(tmp_path: Path) -> None:
-    extra = "    message: static\n    message_expr: 1 + 2\n"
+    extra = "    message: static\n    message_expr: input.count\n"
     ps = policies(tmp_path, "rules:\n" + rule("d", "deny", extra=extra))
-    assert decide(ps).message == "static"
+    assert decide(ps, count=3).message == "static"
 
 
 # -- globs --------------------------------------------------------------------

@@ -26,12 +26,15 @@ def copy_semantics(tmp_path: Path) -> Path:
     return Path(shutil.copytree(SEMANTICS, tmp_path / "policies"))
 
 
-def test_semantics_suite_passes_with_full_coverage() -> None:
+def test_semantics_suite_passes_and_an_erroring_rule_is_not_covered() -> None:
     """Every effect, precedence, the default, fail-closed, audit mode and
-    message_expr fallback, as policy test data (tests/testdata/policy_semantics)."""
-    result = warden("policy", "test", str(SEMANTICS), "--min-coverage", "100")
+    message_expr fallback, as policy test data (tests/testdata/policy_semantics).
+    The rule that fails closed never matches (it can only fail), so it is the
+    one rule no case covers."""
+    result = warden("policy", "test", str(SEMANTICS), "--min-coverage", "88")
     assert result.exit_code == 0, result.output
-    assert "11 passed, 0 failed; rule coverage 100% (9/9)" in result.output
+    assert "11 passed, 0 failed; rule coverage 89% (8/9)" in result.output
+    assert "rules no test exercised: lab-broken-rule" in result.output
     assert "FAIL" not in result.output
 
 

@@ -33,7 +33,7 @@ from warden_server.approvals.expiry import as_of, expire, is_due
 from warden_server.audit.events import iso
 from warden_server.auth.actors import Actor, AuthenticationError
 from warden_server.errors import InvalidRequest, NotFound, PermissionDenied, RequestError
-from warden_server.policy.cel import EvaluationError
+from warden_server.policy.cel import EvaluationError, error_in_words
 from warden_server.policy.engine import PolicySet
 from warden_server.policy.variables import approver_variables
 from warden_server.store import ApprovalRecord, WriteTransaction
@@ -276,7 +276,7 @@ def _refusal(
     except EvaluationError as exc:
         # Fail closed: a condition that cannot be evaluated allows nobody.
         return _Refusal(
-            f"approvers-error:{rule.id}: {exc}",
+            f"approvers-error:{rule.id}: {error_in_words(str(exc), rule.rule.approvers or '')}",
             PermissionDenied(
                 f"the approvers condition of rule {rule.id} failed to evaluate for you; "
                 "nobody it cannot evaluate may approve"

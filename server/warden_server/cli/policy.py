@@ -15,6 +15,7 @@ from warden.shared.tls import sync_channel
 from warden.v1 import policy_pb2, policy_pb2_grpc
 from warden_server.cli.common import tls_credentials as _tls_credentials
 from warden_server.errors import InvalidRequest
+from warden_server.policy import typecheck
 from warden_server.policy.engine import PolicySet
 from warden_server.policy.inputs import InputSchema, schemas_from_snapshot
 from warden_server.policy.loader import PolicyLoadError, Problem, load_policies
@@ -27,6 +28,8 @@ from warden_server.store import SQLiteStore
 
 R = TypeVar("R")
 RPC_TIMEOUT = 10.0
+SNAPSHOT = "capabilities.json"
+"""The schema snapshot kept beside the policies, read by `check` when present."""
 
 DIRECTORY = click.argument(
     "directory", type=click.Path(file_okay=False, path_type=Path), default="policies"
@@ -50,13 +53,13 @@ def policy() -> None:
     "--capabilities",
     "snapshot",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="A capabilities snapshot (JSON, from `warden policy capabilities`) "
-    "to check input fields against.",
+    help="A capabilities snapshot (JSON, from `warden policy capabilities --out`) "
+    f"to check inputs against; DIRECTORY/{SNAPSHOT} is used when present.",
 )
 @click.option(
     "--store",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Check input fields against the capabilities registered in this SQLite store.",
+    help="Check inputs against the capabilities registered in this SQLite store.",
 )
 @TARGET
 @TOKEN
@@ -72,10 +75,16 @@ def policy_check(
     """Report every problem in a policy folder and its tests, each as
     file:line:col and the path inside the document; exit 1 if there is any.
 
-    With --capabilities, --store or --target, every `input.x` a rule reads
-    must be declared by the input schema of a capability its globs match.
+    Every expression is type-checked. The input of a rule is typed from the
+    input schemas of the capabilities its globs match, read from --target
+    (a running plane), --store, --capabilities, or DIRECTORY/capabilities.json,
+    in that order; without any of them, input is not checked, and the
+    output says so.
     """
-    capabilities = _capabilities(snapshot, store, target, token)
+    if snapshot is None and store is None and target is None:
+        beside = directory / SNAPSHOT
+        snapshot = beside if beside.is_file() else None
+    capabilities, origin = _capabilities(snapshot, store, target, token)
     problems: list[Problem] = []
     policies: PolicySet | None = None
     try:
@@ -93,7 +102,8 @@ def policy_check(
         raise SystemExit(1)
     assert policies is not None
     checked = (
-        f"; input fields checked against {_plural(len(capabilities), 'capability')}"
+        f"; input fields and types checked against "
+        f"{_plural(len(capabilities), 'capability')} ({origin})"
         if capabilities is not None
         else ""
     )
@@ -102,6 +112,23 @@ def policy_check(
         f"{_plural(len(cases), 'test case')} (revision {policies.revision[:12]}){checked}",
         err=as_json,
     )
+    for limit in _unchecked(capabilities):
+        click.echo(f"not checked: {limit}", err=True)
+
+
+def _unchecked(capabilities: list[InputSchema] | None) -> list[str]:
+    """What the check could not do, in words."""
+    limits = []
+    problem = typecheck.available()
+    if problem is not None:
+        limits.append(f"types of expressions ({problem})")
+    if capabilities is None:
+        limits.append(
+            "fields and types of input, for want of capability schemas: give --target "
+            f"and --token, --store, or keep DIRECTORY/{SNAPSHOT} (written by "
+            "`warden policy capabilities --out`)"
+        )
+    return limits
 
 
 @policy.command("test")
@@ -142,6 +169,9 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
         if not case.passed:
             shown = {k: case.actual.get(k) for k in case.expected}
             line += f"\n      {case.file}\n      expected {case.expected}\n      got      {shown}"
+            line += f"\n      matched  {', '.join(case.matched) or 'no rule'}"
+            for rule, error in case.errors:
+                line += f"\n      rule {rule!r} failed to evaluate: {error}"
             if case.disagreement is not None:
                 d = case.disagreement
                 line += (
@@ -214,16 +244,32 @@ def policy_status(target: str, token: str | None, as_json: bool) -> None:
 )
 @TARGET
 @TOKEN
-def policy_capabilities(store: Path | None, target: str | None, token: str | None) -> None:
-    """Print a capabilities snapshot (JSON) for `check --capabilities`:
-    the latest version of every registered capability."""
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help=f"Write the snapshot to this file (e.g. policies/{SNAPSHOT}) instead of printing it.",
+)
+def policy_capabilities(
+    store: Path | None, target: str | None, token: str | None, out: Path | None
+) -> None:
+    """Print a capabilities snapshot (JSON): the latest version of every
+    registered capability. Kept as policies/capabilities.json, it lets
+    `warden policy check` type-check inputs offline (in CI, say)."""
     if (store is None) == (target is None):
         raise click.UsageError("give exactly one of --store or --target")
     snapshot = [
         {**definition.to_json(), "service": service}
         for definition, service in _registered(store, target, token)
     ]
-    click.echo(json.dumps({"capabilities": snapshot}, indent=2, sort_keys=True))
+    text = json.dumps({"capabilities": snapshot}, indent=2, sort_keys=True)
+    if out is None:
+        click.echo(text)
+        return
+    try:
+        out.write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise click.ClickException(f"{out}: {exc.strerror}") from None
+    click.echo(f"wrote {_plural(len(snapshot), 'capability')} to {out}", err=True)
 
 
 @policy.command("schema")
@@ -236,22 +282,25 @@ def policy_schema(for_tests: bool) -> None:
 
 def _capabilities(
     snapshot: Path | None, store: Path | None, target: str | None, token: str | None
-) -> list[InputSchema] | None:
-    """The input schemas to check against, from whichever source was given."""
+) -> tuple[list[InputSchema] | None, str]:
+    """The input schemas to check against, from whichever source was given,
+    and where they came from."""
     given = [x for x in (snapshot, store, target) if x is not None]
     if len(given) > 1:
         raise click.UsageError("give at most one of --capabilities, --store or --target")
     if snapshot is not None:
         try:
-            return schemas_from_snapshot(json.loads(snapshot.read_text(encoding="utf-8")))
+            schemas = schemas_from_snapshot(json.loads(snapshot.read_text(encoding="utf-8")))
         except (ValueError, OSError) as exc:
             raise click.ClickException(f"{snapshot}: {exc}") from None
+        return schemas, f"snapshot {snapshot}"
     if store is None and target is None:
-        return None
+        return None, ""
+    origin = f"store {store}" if store is not None else f"plane {target}"
     return [
-        InputSchema(definition.id, definition.input_schema)
+        InputSchema(definition.id, definition.input_schema, definition.version)
         for definition, _ in _registered(store, target, token)
-    ]
+    ], origin
 
 
 def _registered(

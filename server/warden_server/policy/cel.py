@@ -7,6 +7,7 @@ implementing ``Evaluator`` and passing the policy test suite identically.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -176,6 +177,84 @@ class CelPythonEvaluator:
             else:
                 converted[name] = json_to_cel(value)
         return _CelActivation(converted)
+
+
+_PY_OVERLOAD = re.compile(
+    r"found no matching overload for Token\('RULE', '(\w+)'\) applied to '\((.*)\)'"
+)
+_PY_CLASS = re.compile(r"<class 'celpy\.celtypes\.(\w+?)(?:Type)?'>")
+_CPP_OVERLOAD = re.compile(r"No matching overloads found : ([^\s(]+)\((.*)\)")
+_KEY = re.compile(r"""(?:no such member in mapping: '([^']*)'|Key not found in map : "([^"]*)")""")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_PY_REPR = re.compile(r"\b\w+Type\([^)]*\)")
+_PY_OPERATORS = {
+    "relation_gt": ">",
+    "relation_lt": "<",
+    "relation_ge": ">=",
+    "relation_le": "<=",
+    "relation_eq": "==",
+    "relation_ne": "!=",
+    "relation_in": "in",
+    "addition_add": "+",
+    "addition_sub": "-",
+    "multiplication_mul": "*",
+    "multiplication_div": "/",
+    "multiplication_mod": "%",
+    "unary_not": "!",
+    "unary_neg": "-",
+}
+_CPP_OPERATORS = {
+    "_>_": ">",
+    "_<_": "<",
+    "_>=_": ">=",
+    "_<=_": "<=",
+    "_==_": "==",
+    "_!=_": "!=",
+    "@in": "in",
+    "_+_": "+",
+    "_-_": "-",
+    "_*_": "*",
+    "_/_": "/",
+    "_%_": "%",
+    "!_": "!",
+    "-_": "-",
+    "_[_]": "[]",
+}
+_CPP_TYPES = {"int64": "int", "uint64": "uint", "null_type": "null"}
+MAX_ERROR_CHARS = 200
+
+
+def error_in_words(message: str, expression: str) -> str:
+    """An evaluation error as one line of words, the same from both evaluators.
+
+    What is kept comes from the policy's own text: a missing key is named
+    only when the expression spells it, quoted text only when the expression
+    holds it; values the expression read (input, claims) are never repeated
+    (SI-5).
+    """
+    text = message.strip().splitlines()[0] if message.strip() else "evaluation error"
+    if match := _PY_OVERLOAD.search(text):
+        operator = _PY_OPERATORS.get(match.group(1), match.group(1))
+        types = [t.lower() for t in _PY_CLASS.findall(match.group(2))]
+        return f"no operator '{operator}' for ({', '.join(types)})"
+    if match := _CPP_OVERLOAD.search(text):
+        name, arguments = match.groups()
+        types = [_CPP_TYPES.get(t.strip(), t.strip()) for t in arguments.split(",") if t.strip()]
+        symbol = _CPP_OPERATORS.get(name)
+        what = f"operator '{symbol}'" if symbol else f"function '{name}'"
+        return f"no {what} for ({', '.join(types)})"
+    if match := _KEY.search(text):
+        key = match.group(1) or match.group(2) or ""
+        spelled = re.search(rf"\.{re.escape(key)}\b|['\"]{re.escape(key)}['\"]", expression)
+        return f"no such key: {key}" if key and spelled else "no such key"
+    if "divide by zero" in text or "modulus by zero" in text:
+        return "division by zero"
+    if "does not support field selection" in text or "SELECT to non-message" in text:
+        return "field selection on a value that is not a map"
+    text = _PY_CLASS.sub(lambda m: m.group(1).lower(), text)
+    text = _PY_REPR.sub("a value", text)
+    text = _QUOTED.sub(lambda m: m.group(0) if m.group(0) in expression else "…", text)
+    return text[:MAX_ERROR_CHARS]
 
 
 def _syntax_problem(error: CELParseError) -> str:

@@ -10,7 +10,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from warden_server.policy.cel import Activation, EvaluationError, Evaluator, Program
+from warden_server.policy.cel import (
+    Activation,
+    EvaluationError,
+    Evaluator,
+    Program,
+    error_in_words,
+)
 from warden_server.policy.globs import GlobIndex, matches
 from warden_server.policy.model import EFFECT_PRECEDENCE, Effect, Outcome, Rule
 
@@ -263,7 +269,8 @@ def _evaluate(rule: CompiledRule, activation: Activation) -> RuleResult:
     try:
         value = rule.when.evaluate(activation)
     except EvaluationError as exc:
-        return RuleResult(rule.id, rule.rule.effect, rule.rule.mode, False, str(exc))
+        error = error_in_words(str(exc), rule.rule.when)
+        return RuleResult(rule.id, rule.rule.effect, rule.rule.mode, False, error)
     if not isinstance(value, bool):
         return RuleResult(
             rule.id,
@@ -282,7 +289,7 @@ def _message(rule: CompiledRule, activation: Activation) -> tuple[str | None, st
     try:
         value = rule.message_expr.evaluate(activation)
     except EvaluationError as exc:
-        return rule.rule.message, str(exc)
+        return rule.rule.message, error_in_words(str(exc), rule.rule.message_expr or "")
     if not isinstance(value, str) or not value:
         # The type only: the value may be input, and the audit log keeps no raw input.
         return (

@@ -25,6 +25,7 @@ class InputSchema:
 
     capability_id: str
     schema: Mapping[str, Any]
+    version: str = ""
 
 
 def missing_field(schemas: Sequence[InputSchema], path: tuple[str, ...]) -> str | None:
@@ -149,9 +150,10 @@ def schemas_from_snapshot(data: Any) -> list[InputSchema]:
         if not isinstance(item, Mapping):
             raise ValueError(f"capabilities[{index}]: must be an object")
         capability_id, schema = item.get("id"), item.get("input_schema")
+        version = item.get("version", "")
         if not isinstance(capability_id, str) or not isinstance(schema, Mapping):
             raise ValueError(
                 f"capabilities[{index}]: needs an 'id' string and an 'input_schema' object"
             )
-        schemas.append(InputSchema(capability_id, schema))
+        schemas.append(InputSchema(capability_id, schema, str(version)))
     return schemas

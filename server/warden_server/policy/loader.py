@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from warden_server.policy import variables, yamlpos
+from warden_server.policy import typecheck, variables, yamlpos
 from warden_server.policy.cel import CelPythonEvaluator, CompileError, Evaluator, Program
 from warden_server.policy.engine import CompiledRule, PolicySet
 from warden_server.policy.globs import WILDCARDS, matches
@@ -142,12 +142,15 @@ def compile_policies(
     """
     evaluator = evaluator or CelPythonEvaluator()
     index = SchemasByGlob(capabilities)
+    types = typecheck.TypeChecker() if typecheck.available() is None else None
     programs = _programs_of(reuse) if reuse and reuse.evaluator.name == evaluator.name else {}
     problems: list[Problem] = []
     rules: list[CompiledRule] = []
     ids: list[tuple[str, str, str, yamlpos.Position]] = []
     for name, raw in source.files:
-        checker = _FileChecker(str(source.directory / name), evaluator, index, problems, programs)
+        checker = _FileChecker(
+            str(source.directory / name), evaluator, index, problems, programs, types
+        )
         rules.extend(checker.check(raw))
         ids.extend(checker.ids)
     first_seen: dict[str, tuple[str, yamlpos.Position]] = {}
@@ -279,7 +282,10 @@ class _FileChecker:
         capabilities: SchemasByGlob,
         problems: list[Problem],
         programs: dict[str, Program],
+        types: typecheck.TypeChecker | None,
     ) -> None:
+        self.types = types
+        """The type checker; None where cel-expr-python is missing."""
         self.programs = programs
         """Compiled programs by expression text, shared by the files of a set."""
         self.file = file
@@ -337,7 +343,8 @@ class _FileChecker:
                     text = raw.get(key)
                     if isinstance(text, str):
                         allowed = _allowed(key, hide)
-                        self._expression(("rules", index, key), text, allowed, ())
+                        kind: typecheck.Kind = key  # type: ignore[assignment]
+                        self._expression(("rules", index, key), text, allowed, (), kind)
 
     def _rule(self, index: int, rule: Rule) -> CompiledRule | None:
         base: yamlpos.Path = ("rules", index)
@@ -346,16 +353,24 @@ class _FileChecker:
         self.ids.append((rule.id, self.file, dotted(id_path), self.document.position(id_path)))
         schemas = self.capabilities.matching(rule.capabilities)
         hide = rule.effect == "hide"
-        when = self._expression((*base, "when"), rule.when, _allowed("when", hide), schemas)
+        when = self._expression((*base, "when"), rule.when, _allowed("when", hide), schemas, "when")
         message_expr = None
         if rule.message_expr is not None:
             message_expr = self._expression(
-                (*base, "message_expr"), rule.message_expr, variables.WHEN, schemas
+                (*base, "message_expr"),
+                rule.message_expr,
+                variables.WHEN,
+                schemas,
+                "message_expr",
             )
         approvers = None
         if rule.effect == "require_approval":
             approvers = self._expression(
-                (*base, "approvers"), rule.approvers or "true", variables.APPROVERS, schemas
+                (*base, "approvers"),
+                rule.approvers or "true",
+                variables.APPROVERS,
+                schemas,
+                "approvers",
             )
         else:
             for key in ("approvers", "ttl"):
@@ -383,6 +398,7 @@ class _FileChecker:
         text: str,
         allowed: frozenset[str],
         schemas: Sequence[InputSchema],
+        kind: typecheck.Kind,
     ) -> Program | None:
         if len(text) > MAX_EXPRESSION_CHARS:
             self.problem(
@@ -399,6 +415,7 @@ class _FileChecker:
                 self.problem(path, str(exc), self.document.position_in(path, exc.line, exc.column))
                 return None
             self.programs[text] = program
+        before = len(self.problems)
         reported: set[str] = set()
         for ref in program.references:
             at = self.document.position_in(path, ref.line, ref.column)
@@ -422,11 +439,19 @@ class _FileChecker:
                         f"(fields: {', '.join(fields)})",
                         at,
                     )
-            elif name == "input" and ref.path and schemas:
-                missing = missing_field(schemas, ref.path)
-                if missing is not None:
-                    self.problem(path, missing, at)
+            elif name == "input" and ref.path:
+                # Every capability the rule matches must have the field: a
+                # call to one without it would fail to evaluate.
+                for schema in schemas:
+                    missing = missing_field([schema], ref.path)
+                    if missing is not None:
+                        self.problem(path, missing, at)
+                        break
         self._cost(path, program)
+        if self.types is not None and len(self.problems) == before:
+            for found in self.types.check(text, kind, schemas, program.references):
+                at = self.document.position_in(path, found.line, found.column)
+                self.problem(path, found.message, at)
         return program
 
     def _cost(self, path: yamlpos.Path, program: Program) -> None:

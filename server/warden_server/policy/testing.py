@@ -43,6 +43,10 @@ class CaseResult:
     actual: dict[str, Any]
     disagreement: Disagreement | None = None
     """How the evaluators decided the case differently, when they did."""
+    matched: tuple[str, ...] = ()
+    """The rules whose conditions held, in load order."""
+    errors: tuple[tuple[str, str], ...] = ()
+    """(rule id, why it failed to evaluate), in words."""
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -51,6 +55,8 @@ class CaseResult:
             "passed": self.passed,
             "expected": self.expected,
             "actual": self.actual,
+            "matched": list(self.matched),
+            "errors": [{"rule": rule, "error": error} for rule, error in self.errors],
         }
         if self.disagreement is not None:
             data["disagreement"] = self.disagreement.to_json()
@@ -96,7 +102,8 @@ class TestReport:
 
     @property
     def coverage(self) -> float:
-        """The share of rules some case made match or fail (1.0 without rules)."""
+        """The share of rules some case made match (1.0 without rules); a rule
+        that failed to evaluate is not covered."""
         return 1.0 if not self.rules else len(set(self.rules) & self.exercised) / len(self.rules)
 
     @property
@@ -306,7 +313,7 @@ def _run_case(
     final = decision or hidden
     for d in (hidden, decision):
         if d is not None:
-            exercised.update(r.rule_id for r in d.results if r.matched or r.error)
+            exercised.update(r.rule_id for r in d.results if r.matched and not r.error)
     actual: dict[str, Any] = {
         "effect": final.effect,
         "rule": final.rule_id,
@@ -318,6 +325,7 @@ def _run_case(
         actual.get(key) == value for key, value in expected.items()
     )
     where = f"{item.file}:{item.position.line}"
+    results = [r for d in (hidden, decision) if d is not None for r in d.results]
     return CaseResult(
         file=where,
         name=item.case.name,
@@ -325,4 +333,28 @@ def _run_case(
         expected=expected,
         actual=actual,
         disagreement=disagreement,
+        matched=tuple(r.rule_id for r in results if r.matched),
+        errors=tuple((r.rule_id, r.error) for r in results if r.error),
     )
+
+
+def failing_tests(policies: PolicySet, directory: str | Path) -> list[Problem]:
+    """The folder's test cases that ``policies`` fails, and the problems of
+    its test files, as problems: a set with any of them is not loaded."""
+    report = run_policy_tests(policies, directory)
+    problems = list(report.problems)
+    for case in report.failed:
+        file, _, line = case.file.rpartition(":")
+        shown = {k: case.actual.get(k) for k in case.expected}
+        why = "; ".join(f"rule {rule!r}: {error}" for rule, error in case.errors)
+        problems.append(
+            Problem(
+                file,
+                int(line),
+                1,
+                "",
+                f"test {case.name!r} fails: expected {case.expected}, got {shown}"
+                + (f" ({why})" if why else ""),
+            )
+        )
+    return problems
