@@ -586,6 +586,38 @@ def test_the_approvers_condition_reads_approver_requester_capability_and_input(
         assert teammate.approve(env.approval_id or "").state == "approved"
 
 
+@pytest.mark.parametrize(
+    "level",
+    ["high", 1, ["manager"], {"manager": True}, None],
+    ids=["string", "number", "list", "map", "null"],
+)
+def test_si6_an_approvers_condition_that_is_not_true_approves_nobody(
+    start_plane: Callable[..., Plant], tmp_path: Path, level: Any
+) -> None:
+    """Only ``true`` approves: a truthy string, number, list or map, or a null,
+    is not an approval."""
+    folder = tmp_path / "levels"
+    folder.mkdir()
+    (folder / "lab.yaml").write_text(
+        LAB_POLICIES.replace("'\"manager\" in approver.roles'", "approver.attrs.level")
+    )
+    plant = start_plane(folder)
+    rt = build_lab(plant.target, ORDERS_TOKEN, Lab())
+    try:
+        env = suspend(rt, plant)
+    finally:
+        rt.close()
+    approval_id = env.approval_id or ""
+    with approver(plant, "lee", level=level) as approvals:
+        assert approvals.get(approval_id).may_decide is False
+        with pytest.raises(warden.ApprovalError) as raised:
+            approvals.approve(approval_id)
+    assert raised.value.status == "PERMISSION_DENIED"
+    assert refusal(plant, approval_id)["reason"] == "not-an-approver:lab-approval"
+    with approver(plant, "lou", level=True) as approvals:
+        assert approvals.approve(approval_id).state == "approved"
+
+
 # -- the CLI --------------------------------------------------------------------------
 
 
