@@ -688,6 +688,23 @@ def test_cli_list_watch_prints_events_as_they_happen(
         watcher.wait(timeout=10)
 
 
+def test_cli_list_says_why_it_lists_nothing(lab_rt: warden.Runtime, lab_plant: Plant) -> None:
+    """Approvals are kept per tenant: a manager whose token names no tenant
+    sees none of acme's, and is told why instead of seeing an empty table."""
+    suspend(lab_rt, lab_plant)  # acme's
+    no_tenant = lab_plant.token(sub="mia", roles=("manager",), tenant="")
+    listed = cli("list", "--target", lab_plant.target, "--token", no_tenant)
+    assert listed.exit_code == 0
+    assert listed.stdout.split()[:2] == ["ID", "STATE"] and len(listed.stdout.splitlines()) == 1
+    assert "no pending approvals: your token names no tenant" in listed.stderr
+    globex = lab_plant.token(sub="gil", roles=("manager",), tenant="globex")
+    listed = cli("list", "--all", "--json", "--target", lab_plant.target, "--token", globex)
+    assert listed.stdout == ""
+    assert listed.stderr.strip() == "no approvals in tenant globex"
+    acme = lab_plant.token(sub="mia", roles=("manager",))
+    assert cli("list", "--target", lab_plant.target, "--token", acme).stderr == ""
+
+
 def test_every_approvals_command_is_documented() -> None:
     guide = (ROOT / "docs" / "approvals.md").read_text()
     group = main.commands["approvals"]
