@@ -14,6 +14,7 @@ import grpc.aio
 from warden._errors import ApprovalError, CapabilityError, WardenError
 from warden._grants import GrantKey
 from warden._tracing import trace_metadata
+from warden.shared.reach import unreachable
 from warden.shared.tls import TLS, TLSConfigError, aio_channel, credentials_of, sync_channel
 from warden.shared.wire import ACTOR_TOKEN_METADATA, BEARER, SERVICE_TOKEN_METADATA
 from warden.v1 import (
@@ -128,8 +129,11 @@ class Transport:
                 request, metadata=self._metadata, timeout=self._timeout_s
             )
         except grpc.aio.AioRpcError as exc:
+            unreached = unreachable(self.target, exc.code(), exc.details() or "")
             raise WardenError(
-                f"registration with {self.target} failed ({exc.code().name}): {exc.details()}",
+                f"registration failed: {unreached}"
+                if unreached
+                else f"registration with {self.target} failed ({exc.code().name}): {exc.details()}",
                 transient=exc.code() in _TRANSIENT,
             ) from None
         return response
@@ -275,8 +279,7 @@ def approval_error(exc: grpc.RpcError, target: str) -> ApprovalError:
     """The SDK's one mapping from a gRPC status to an approver-facing error."""
     code: grpc.StatusCode = exc.code()
     details = exc.details() or ""
-    if code in _TRANSIENT:
-        details = f"the plane at {target} did not answer: {details}"
+    details = unreachable(target, code, details) or details
     return ApprovalError(code.name, details, transient=code in _TRANSIENT)
 
 

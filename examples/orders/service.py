@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, Field
@@ -86,9 +87,23 @@ def build_runtime(target: str, token: str) -> warden.Runtime:
     return rt
 
 
+DEV_CONFIG = Path(__file__).resolve().parents[2] / "warden.toml"
+"""The repository's development config, wherever the example is run from."""
+
+
 def _dev_token(*args: str) -> str:
-    command = ["warden", "token", "mint", "--config", "warden.toml", *args]
-    return subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
+    """A development actor token, minted by ``warden token mint`` of this Python."""
+    command = [sys.executable, "-m", "warden_server.cli", "token", "mint"]
+    done = subprocess.run(
+        [*command, "--config", str(DEV_CONFIG), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        why = done.stderr.strip().removeprefix("Error: ") or f"exit status {done.returncode}"
+        raise SystemExit(f"cannot mint a development token: {why}")
+    return done.stdout.strip()
 
 
 def main() -> None:
@@ -96,8 +111,12 @@ def main() -> None:
     token = os.environ.get("WARDEN_SERVICE_ORDERS_TOKEN", "dev-only-orders-token")
     support = _dev_token("--sub", "bot-7", "--role", "support", "--tenant", "acme")
     with build_runtime(target, token) as rt:
-        for registered in rt.register():
-            print(f"registered {registered.id} v{registered.version}")
+        try:
+            registered = rt.register()
+        except warden.WardenError as exc:
+            raise SystemExit(f"{exc} (is `make run` serving?)") from None
+        for capability in registered:
+            print(f"registered {capability.id} v{capability.version}")
         calls = [
             ("orders.get", {"order_id": "A1"}),
             ("orders.refund", {"order_id": "A1", "amount": 120}),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -52,6 +53,20 @@ SERVICE_NAMES = (
     grants_pb2.DESCRIPTOR.services_by_name["GrantKeys"].full_name,
     audit_pb2.DESCRIPTOR.services_by_name["Audit"].full_name,
 )
+
+
+class MetricsUnavailable(OSError):
+    """``/metrics`` cannot be served where ``[telemetry] metrics_listen`` says."""
+
+    def __init__(self, listen: str, cause: OSError | ValueError) -> None:
+        in_use = isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE
+        why = "the port is in use" if in_use else (_reason(cause) or "not an address")
+        super().__init__(f"cannot serve metrics on {listen}: {why}")
+        self.listen = listen
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror.lower() if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 @dataclass
@@ -128,7 +143,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     """Start serving ``plane`` on ``listen`` (``host:port``; port 0 picks a free one).
 
     Raises:
-        OSError: the address cannot be bound.
+        OSError: the address cannot be bound (MetricsUnavailable: the metrics address).
     """
     listen = listen or plane.config.server.listen
     host = listen.rsplit(":", 1)[0]
@@ -150,9 +165,9 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         metrics_listen = "127.0.0.1:0"  # read by the first process, which serves the sum
     try:
         metrics_port = plane.telemetry.serve_metrics(metrics_listen) if metrics_listen else None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         plane.close()
-        raise OSError(f"cannot serve metrics on {metrics_listen}: {exc}") from None
+        raise MetricsUnavailable(metrics_listen or "", exc) from None
     retention = None if plane.joined else _retention(plane)
     server.start()
     if plane.config.server.watch_policies:

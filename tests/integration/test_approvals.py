@@ -586,6 +586,38 @@ def test_the_approvers_condition_reads_approver_requester_capability_and_input(
         assert teammate.approve(env.approval_id or "").state == "approved"
 
 
+@pytest.mark.parametrize(
+    "level",
+    ["high", 1, ["manager"], {"manager": True}, None],
+    ids=["string", "number", "list", "map", "null"],
+)
+def test_si6_an_approvers_condition_that_is_not_true_approves_nobody(
+    start_plane: Callable[..., Plant], tmp_path: Path, level: Any
+) -> None:
+    """Only ``true`` approves: a truthy string, number, list or map, or a null,
+    is not an approval."""
+    folder = tmp_path / "levels"
+    folder.mkdir()
+    (folder / "lab.yaml").write_text(
+        LAB_POLICIES.replace("'\"manager\" in approver.roles'", "approver.attrs.level")
+    )
+    plant = start_plane(folder)
+    rt = build_lab(plant.target, ORDERS_TOKEN, Lab())
+    try:
+        env = suspend(rt, plant)
+    finally:
+        rt.close()
+    approval_id = env.approval_id or ""
+    with approver(plant, "lee", level=level) as approvals:
+        assert approvals.get(approval_id).may_decide is False
+        with pytest.raises(warden.ApprovalError) as raised:
+            approvals.approve(approval_id)
+    assert raised.value.status == "PERMISSION_DENIED"
+    assert refusal(plant, approval_id)["reason"] == "not-an-approver:lab-approval"
+    with approver(plant, "lou", level=True) as approvals:
+        assert approvals.approve(approval_id).state == "approved"
+
+
 # -- the CLI --------------------------------------------------------------------------
 
 
@@ -654,6 +686,23 @@ def test_cli_list_watch_prints_events_as_they_happen(
     finally:
         watcher.terminate()
         watcher.wait(timeout=10)
+
+
+def test_cli_list_says_why_it_lists_nothing(lab_rt: warden.Runtime, lab_plant: Plant) -> None:
+    """Approvals are kept per tenant: a manager whose token names no tenant
+    sees none of acme's, and is told why instead of seeing an empty table."""
+    suspend(lab_rt, lab_plant)  # acme's
+    no_tenant = lab_plant.token(sub="mia", roles=("manager",), tenant="")
+    listed = cli("list", "--target", lab_plant.target, "--token", no_tenant)
+    assert listed.exit_code == 0
+    assert listed.stdout.split()[:2] == ["ID", "STATE"] and len(listed.stdout.splitlines()) == 1
+    assert "no pending approvals: your token names no tenant" in listed.stderr
+    globex = lab_plant.token(sub="gil", roles=("manager",), tenant="globex")
+    listed = cli("list", "--all", "--json", "--target", lab_plant.target, "--token", globex)
+    assert listed.stdout == ""
+    assert listed.stderr.strip() == "no approvals in tenant globex"
+    acme = lab_plant.token(sub="mia", roles=("manager",))
+    assert cli("list", "--target", lab_plant.target, "--token", acme).stderr == ""
 
 
 def test_every_approvals_command_is_documented() -> None:

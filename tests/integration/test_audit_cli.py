@@ -164,6 +164,25 @@ def test_paging_keeps_the_filter(db: Path) -> None:
     assert pages == auditlog.expected_seqs(lambda r: r["tenant"] == "acme")
 
 
+@pytest.mark.parametrize("past", [1, 1000, 2**62])
+def test_before_past_the_newest_record_reads_from_the_newest(db: Path, past: int) -> None:
+    newest = len(auditlog.LOG)
+    assert query_seqs(db, "--before", str(newest + past)) == list(range(newest, 0, -1))
+    assert query_seqs(db, "--before", str(newest + past), "--tenant", "acme") == (
+        auditlog.expected_seqs(lambda r: r["tenant"] == "acme")
+    )
+
+
+def test_before_a_pruned_record_reads_what_is_older_and_the_help_says_older(
+    db: Path, key: Path
+) -> None:
+    prune(db, key, auditlog.ts(10))  # records 1-10 are gone
+    assert query_seqs(db, "--before", "5") == []
+    assert query_seqs(db, "--before", "12") == [11]
+    shown = " ".join(audit(db, "query", "--help").stdout.split())
+    assert "--before SEQ Only records older than record SEQ" in shown
+
+
 def test_a_common_glob_pages_along_the_time_index_with_the_same_answer(db: Path) -> None:
     # With two records a page, orders.* matches past the crossover (2 * 18 < 7 ** 2):
     # pages are read newest first along the time index instead of the capability index.
@@ -222,6 +241,20 @@ def test_stats_without_since_rate_over_the_span_of_the_records(db: Path) -> None
     decisions = sum(1 for entry in auditlog.LOG if entry[0] == "decision")
     assert policy.split()[1:3] == ["3", f"{3 / decisions * 100:.1f}%"]
     assert float(policy.split()[3]) == pytest.approx(3 / span_minutes, abs=0.005)
+
+
+def test_stats_group_by_stage_unless_told(db: Path) -> None:
+    assert audit(db, "stats").stdout == audit(db, "stats", "--by", "stage").stdout
+    assert audit(db, "stats").stdout.splitlines()[0].endswith("by stage")
+
+
+def test_stats_print_one_table_per_grouping_asked_for(db: Path) -> None:
+    both = audit(db, "stats", "--by", "stage", "--by", "code").stdout
+    stage, code = (audit(db, "stats", "--by", by).stdout for by in ("stage", "code"))
+    assert both == stage + "\n" + code
+    lines = audit(db, "stats", "--by", "code", "--by", "actor", "--json").stdout.splitlines()
+    keys = [next(iter(json.loads(line))) for line in lines]
+    assert keys == sorted(keys, key=["code", "actor"].index) and set(keys) == {"code", "actor"}
 
 
 def test_stats_refuse_an_unknown_grouping(db: Path) -> None:

@@ -3,6 +3,7 @@ real processes for ``serve``."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
 import signal
@@ -10,7 +11,8 @@ import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -303,6 +305,175 @@ def test_serve_with_an_unusable_listen_address_is_a_clear_error(tmp_path: Path) 
     assert "Traceback" not in done.stderr, done.stderr
 
 
+def store_that_is_not_a_file(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def store_that_is_not_a_database(path: Path) -> Path:
+    path.write_text("not a database at all\n")
+    return path
+
+
+def store_from_a_newer_warden(path: Path) -> Path:
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 999")
+    conn.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (store_that_is_not_a_file, "unable to open database file"),
+        (store_that_is_not_a_database, "file is not a database"),
+        (store_from_a_newer_warden, "its schema version 999 is newer than this Warden's"),
+    ],
+    ids=["directory", "not-a-database", "newer-schema"],
+)
+def test_serve_on_a_store_it_cannot_open_says_so_in_one_line(
+    tmp_path: Path, make: Callable[[Path], Path], why: str
+) -> None:
+    store = make(tmp_path / "warden.db")
+    config_path = write_config(tmp_path / "cli")
+    done = subprocess.run(
+        [*warden_command(), "serve", "--config", str(config_path), "--store", str(store)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1].startswith(
+        f"Error: {store}: cannot open the store: {why}"
+    ), done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def serve_until_ready(
+    processes: list[subprocess.Popen[str]], config_path: Path, *args: str
+) -> tuple[int, str]:
+    """Run ``warden serve``: its exit status and standard error once it stopped
+    by itself, or once it served (then it is stopped with SIGTERM)."""
+    target = f"127.0.0.1:{free_port()}"
+    process = subprocess.Popen(
+        [*warden_command(), "serve", "--config", str(config_path), "--listen", target, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    processes.append(process)
+    with grpc.insecure_channel(target) as channel:
+        ready = grpc.channel_ready_future(channel)
+        while process.poll() is None:
+            try:
+                ready.result(timeout=0.2)
+            except grpc.FutureTimeoutError:
+                continue
+            process.send_signal(signal.SIGTERM)
+            break
+        ready.cancel()
+    _, stderr = process.communicate(timeout=30)
+    return process.returncode, stderr
+
+
+def test_serve_moves_metrics_off_a_taken_port_with_metrics_listen(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    """A second plane on one machine: the metrics port its config names is taken."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        config_path = write_config(tmp_path / "cli")
+        with config_path.open("a") as config:
+            config.write(f'\n[telemetry]\nmetrics_listen = "{busy}"\n')
+
+        code, stderr = serve_until_ready(processes, config_path)
+        assert code == 1
+        assert stderr.splitlines()[-1] == (
+            f"Error: cannot serve metrics on {busy}: the port is in use; move it with "
+            "--metrics-listen HOST:PORT, or turn it off with --metrics-listen off"
+        )
+        assert "Traceback" not in stderr
+
+        moved = f"127.0.0.1:{free_port()}"
+        code, stderr = serve_until_ready(processes, config_path, "--metrics-listen", moved)
+        assert code == 0, stderr
+        assert f"metrics on http://{moved}/metrics" in stderr
+
+        code, stderr = serve_until_ready(processes, config_path, "--metrics-listen", "off")
+        assert code == 0, stderr
+        assert "metrics on" not in stderr
+
+
+# -- one wording for a plane that is not there ---------------------------------------
+
+PLANE_COMMANDS = [
+    ("audit", "query"),
+    ("audit", "stats"),
+    ("audit", "export"),
+    ("approvals", "list"),
+    ("approvals", "show", "some-id"),
+    ("policy", "status"),
+    ("policy", "capabilities"),
+    ("policy", "check", str(EXAMPLE_POLICIES)),
+]
+
+
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Keep the test's output clean."""
+
+
+@pytest.fixture
+def http_port() -> Iterator[str]:
+    """A port that answers HTTP, as the plane's metrics port does, but not gRPC."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("command", PLANE_COMMANDS, ids=" ".join)
+def test_every_command_says_no_plane_at_target_alike(
+    command: tuple[str, ...], http_port: str
+) -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    for target, why in (
+        (closed, "nothing listens on that port"),
+        (http_port, "something answers on that port, but not in gRPC (is it the metrics port?)"),
+    ):
+        result = run(*command, "--target", target, "--token", "any-token")
+        assert result.exit_code == 1
+        assert result.output == f"Error: no plane at {target}: {why}\n"
+
+
+def test_a_plane_that_answers_is_quoted_with_its_status_alike(plant: Plant) -> None:
+    outsider = plant.token(roles=("support",))
+    for command in [c for c in PLANE_COMMANDS if c[0] != "approvals"]:
+        result = run(*command, "--target", plant.target, "--token", outsider)
+        assert result.exit_code == 1
+        assert result.output.startswith(f"Error: {plant.target} answered PERMISSION_DENIED: ")
+    result = run("approvals", "show", "nope", "--target", plant.target, "--token", outsider)
+    assert result.output == f"Error: {plant.target} answered NOT_FOUND: approval 'nope' not found\n"
+
+
+def test_policy_status_finds_the_plane_as_approvals_do(plant: Plant) -> None:
+    """Both default --target the same way (127.0.0.1:50051, or WARDEN_TARGET)."""
+    by_path = {" ".join(path): command for path, command in COMMANDS}
+    for path in ("policy status", "approvals list"):
+        (target,) = [p for p in by_path[path].params if p.name == "target"]
+        assert (target.default, target.envvar) == ("127.0.0.1:50051", "WARDEN_TARGET"), path
+    token = plant.token(roles=("policy-author",))
+    runner = CliRunner(env={"WARDEN_TARGET": plant.target})
+    result = runner.invoke(main, ["policy", "status", "--token", token], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("in force: revision ")
+
+
 # -- policy check / test ----------------------------------------------------------------
 
 
@@ -460,7 +631,8 @@ def test_audit_commands_on_a_file_that_is_not_a_store_are_a_clear_error(
     bogus = tmp_path / "notes.db"
     bogus.write_text("not a database at all\n")
     result = CliRunner().invoke(main, ["audit", command, "--store", str(bogus)])
-    assert result.exit_code == 1
+    # verify gives its verdict on the file: damaged (2); query just cannot read it (1).
+    assert result.exit_code == (2 if command == "verify" else 1)
     assert isinstance(result.exception, SystemExit), repr(result.exception)
     assert str(bogus) in result.stderr
     assert bogus.read_text() == "not a database at all\n"

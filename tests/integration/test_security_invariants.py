@@ -7,6 +7,7 @@ import itertools
 import json
 import sqlite3
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,12 @@ import pytest
 
 import warden
 from tests.conftest import ORDERS_TOKEN, Plant
+from tests.integration.approving import held_writer
 from tests.integration.lab import EchoIn, EchoOut, Lab, build_lab
 from warden.shared.canonical import digest
 from warden.v1 import governor_pb2, governor_pb2_grpc
 from warden_server.audit.chain import verify_rows
+from warden_server.store import SQLiteStore
 
 SERVICE = (("x-warden-service-token", ORDERS_TOKEN),)
 
@@ -189,24 +192,44 @@ def test_si3_every_attempt_produces_audit_records(lab_rt: warden.Runtime, lab_pl
         assert len(lab_plant.events(invocation_id=env.invocation_id, kind="outcome")) == 1
 
 
-def test_si3_decision_record_is_committed_before_the_grant_returns(lab_plant: Plant) -> None:
+def test_si3_decision_record_is_committed_before_the_grant_returns(
+    lab_plant: Plant, lab: Lab
+) -> None:
+    """The store's writer is held for the whole call, so a grant returned before
+    its decision record commits (a commit left to finish in the background)
+    would reach the handler every time, not only when the commit is slow."""
+    store = lab_plant.server.plane.store
+    assert isinstance(store, SQLiteStore)
+    rt = build_lab(
+        lab_plant.target,
+        ORDERS_TOKEN,
+        lab,
+        governance_timeout_ms=500,
+        retry=warden.RetryPolicy(max_attempts=1),
+    )
+    try:
+        rt.register()
+        # Holding the writer holds every process's: they take turns through one lock.
+        with held_writer(store):
+            env = rt.invoke("orders.echo", {"n": 1}, actor=lab_plant.token())
+    finally:
+        rt.close()
+    assert env.error is not None and env.error.code == "GOVERNANCE_UNAVAILABLE", env
+    assert lab.count("echo") == 0
+
+
+def test_si3_decision_record_is_on_disk_when_the_handler_runs(lab_plant: Plant) -> None:
     seen: list[dict[str, Any]] = []
     rt = warden.Runtime(lab_plant.target, service="orders", token=ORDERS_TOKEN)
 
     @rt.capability("orders.peek", input=EchoIn, output=EchoOut, side_effect="read")
     def peek(inp: EchoIn, ctx: warden.Context) -> EchoOut:
         # The handler only runs after the grant arrived: its decision must be on disk.
-        conn = sqlite3.connect(lab_plant.db_path)
-        conn.row_factory = sqlite3.Row
-        try:
-            seen.extend(
-                dict(r)
-                for r in conn.execute(
-                    "SELECT * FROM audit_events WHERE invocation_id = ?", (ctx.invocation_id,)
-                )
+        seen.extend(
+            lab_plant.rows(
+                "SELECT * FROM audit_events WHERE invocation_id = ?", (ctx.invocation_id,)
             )
-        finally:
-            conn.close()
+        )
         return EchoOut(n=inp.n)
 
     try:
@@ -215,6 +238,34 @@ def test_si3_decision_record_is_committed_before_the_grant_returns(lab_plant: Pl
         rt.close()
     assert env.status == "succeeded"
     assert [(r["kind"], r["status"]) for r in seen] == [("decision", "granted")]
+
+
+def test_si3_a_grant_whose_transaction_fails_is_never_returned(lab_plant: Plant, lab: Lab) -> None:
+    """The store failing the grant's transaction (as a full disk does at commit)
+    fails the call closed: no grant without its decision record."""
+    conn = sqlite3.connect(lab_plant.db_path)
+    try:
+        # A real failure inside the plane's own transaction: the trigger rolls the
+        # whole transaction back, and the plane's commit of it fails.
+        conn.execute(
+            "CREATE TRIGGER disk_full BEFORE INSERT ON audit_events "
+            "WHEN NEW.kind = 'decision' AND NEW.status = 'granted' AND NEW.actor_id = 'doomed' "
+            "BEGIN SELECT RAISE(ROLLBACK, 'database or disk is full'); END"
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab, retry=warden.RetryPolicy(max_attempts=1))
+    try:
+        rt.register()
+        env = rt.invoke("orders.echo", {"n": 1}, actor=lab_plant.token(sub="doomed"))
+        fine = rt.invoke("orders.echo", {"n": 2}, actor=lab_plant.token(sub="fine"))
+    finally:
+        rt.close()
+    assert env.error is not None and env.error.code == "GOVERNANCE_UNAVAILABLE", env
+    assert lab.inputs == [EchoIn(n=2)], "only the call whose grant committed ran"
+    assert fine.status == "succeeded"
+    assert lab_plant.events(invocation_id=env.invocation_id, status="granted") == []
 
 
 # -- SI-4 tamper evidence (the chain links) ------------------------------------
@@ -449,6 +500,60 @@ def test_si8_the_admin_sees_what_is_hidden_from_others(
 ) -> None:
     env = lab_rt.invoke("orders.secret", {"n": 3}, actor=lab_plant.token(roles=("admin",)))
     assert env.status == "succeeded"
+
+
+HIDDEN_AND_DENIED = """
+rules:
+  - id: allow
+    capabilities: ["orders.*"]
+    effect: allow
+  - id: deny-mallory-and-dan
+    capabilities: ["orders.echo"]
+    effect: deny
+    when: actor.id in ["mallory", "dan"]
+    message: "Echo is closed to you."
+  - id: hide-from-mallory
+    capabilities: ["orders.echo"]
+    effect: hide
+    when: actor.id == "mallory"
+"""
+
+
+def test_si8_a_capability_both_hidden_and_denied_is_concealed(
+    start_plane: Callable[..., Plant], policy_dir: Callable[[str], Path], lab: Lab
+) -> None:
+    """Hide beats deny (SPEC §6): an actor both rules match meets exactly the
+    face of an unknown capability and never sees it listed, while the audit
+    log records which rule hid it."""
+    plant = start_plane(policy_dir(HIDDEN_AND_DENIED))
+    rt = build_lab(plant.target, ORDERS_TOKEN, lab)
+    try:
+        rt.register()
+        mallory, dan = plant.token(sub="mallory"), plant.token(sub="dan")
+        hidden = rt.invoke("orders.echo", {"n": 1}, actor=mallory)
+        unknown = rt.invoke("orders.nonexistent", {"n": 1}, actor=mallory)
+        denied = rt.invoke("orders.echo", {"n": 1}, actor=dan)
+        listed_for_mallory = [c.id for c in rt.discover(actor=mallory)]
+        listed_for_dan = [c.id for c in rt.discover(actor=dan)]
+    finally:
+        rt.close()
+    assert hidden.error is not None and unknown.error is not None
+    assert hidden.error.to_model() == unknown.error.to_model()
+    assert (hidden.error.code, hidden.error.stage) == ("CAPABILITY_NOT_FOUND", "discovery")
+    hidden_face = begin(plant, "orders.echo", {"n": 1}, actor=mallory).failure
+    unknown_face = begin(plant, "orders.nonexistent", {"n": 1}, actor=mallory).failure
+    assert hidden_face.SerializeToString(deterministic=True) == unknown_face.SerializeToString(
+        deterministic=True
+    )
+    assert "orders.echo" not in listed_for_mallory
+    # The deny rule does match mallory: dan, whom only it matches, is denied openly.
+    assert denied.error is not None and denied.error.code == "POLICY_DENIED"
+    assert denied.error.public_message == "Echo is closed to you."
+    assert "orders.echo" in listed_for_dan
+    assert lab.count("echo") == 0
+    (row,) = plant.events(invocation_id=hidden.invocation_id, kind="decision")
+    assert row["reason"] == "hidden-by-policy:hide-from-mallory"
+    assert json.loads(row["rules"])["decided_by"] == "hide-from-mallory"
 
 
 # -- SI-9 two shapes -----------------------------------------------------------

@@ -269,7 +269,8 @@ def query(
     """Matching records, newest first, ``limit`` at a time.
 
     Args:
-        before: The ``next_before`` of the previous page: continue after that record.
+        before: The ``next_before`` of the previous page: continue with the records
+            older than that one (any sequence number: past the head reads from the newest).
 
     Raises:
         InvalidRequest: an unreadable time, an unknown kind or a bad limit.
@@ -280,9 +281,13 @@ def query(
     by_time = bool(f.capabilities) and _globs_are_common(store, f.capabilities, limit)
     where = _where(f, scope, now, globs_by_time=by_time)
     if before is not None:
-        where.add(
-            "(ts, seq) < (SELECT ts, seq FROM audit_events WHERE seq = :before)", before=before
-        )
+        # Older than record ``before`` in page order. A number the log does not
+        # hold (past its head, or pruned) pages by sequence number alone.
+        cursor = next(store.audit_rows("seq = :seq", {"seq": before}, limit=1), None)
+        if cursor is None:
+            where.add("seq < :before", before=before)
+        else:
+            where.add("(ts, seq) < (:before_ts, :before)", before_ts=cursor["ts"], before=before)
     rows = list(store.audit_rows(where.sql, where.params, order=NEWEST_FIRST, limit=limit + 1))
     more = len(rows) > limit
     rows = rows[:limit]

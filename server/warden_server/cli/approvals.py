@@ -14,17 +14,12 @@ from datetime import datetime
 from typing import Any
 
 import click
+import jwt
 
 import warden
+from warden_server.cli.common import TARGET_OPTION, plane_refused
 
 STATES = ("pending", "approved", "denied", "expired", "consumed")
-TARGET_OPTION = click.option(
-    "--target",
-    default="127.0.0.1:50051",
-    show_default=True,
-    envvar="WARDEN_TARGET",
-    help="The plane's host:port (or set WARDEN_TARGET).",
-)
 TOKEN_OPTION = click.option(
     "--token",
     required=True,
@@ -50,7 +45,7 @@ def _client(target: str, token: str) -> Iterator[warden.Approvals]:
     try:
         yield client
     except warden.ApprovalError as exc:
-        raise click.ClickException(f"{exc.status}: {exc}") from None
+        raise plane_refused(target, exc.status, str(exc)) from None
     finally:
         client.close()
 
@@ -89,11 +84,31 @@ def approvals_list(
             return
         chosen: tuple[Any, ...] = () if every_state else (states or ("pending",))
         found = client.list(states=chosen, limit=limit)
+    if not found:
+        click.echo(_none_listed(token, chosen), err=True)
     if as_json:
         for approval in found:
             click.echo(approval.model_dump_json())
         return
     _table([_row(a) for a in found])
+
+
+def _none_listed(token: str, states: tuple[str, ...]) -> str:
+    """Why the list is empty: approvals are kept per tenant, and a token
+    without one sees only the approvals of calls made without one."""
+    which = " or ".join(states) + " " if states else ""
+    try:
+        tenant = jwt.decode(token, options={"verify_signature": False}).get("tenant")
+    except jwt.PyJWTError:
+        tenant = None  # the plane accepted it: it is a JWT, but keep quiet if not
+    if not tenant:
+        return (
+            f"no {which}approvals: your token names no tenant, so you see only the "
+            "approvals of calls made without one (approvals are kept per tenant; "
+            "a token for a tenant carries a tenant claim, e.g. "
+            "`warden token mint --tenant acme`)"
+        )
+    return f"no {which}approvals in tenant {tenant}"
 
 
 def _watch(client: warden.Approvals, as_json: bool) -> None:

@@ -151,7 +151,12 @@ def audit() -> None:
     show_default=True,
     help="Records per page.",
 )
-@click.option("--before", type=int, metavar="SEQ", help="The next page: records after SEQ.")
+@click.option(
+    "--before",
+    type=click.IntRange(1, 2**63 - 1),
+    metavar="SEQ",
+    help="Only records older than record SEQ: the next page, as `more: --before SEQ` says.",
+)
 @click.option("--json", "as_json", is_flag=True, help="JSON lines, one object per record.")
 def audit_query(limit: int, before: int | None, as_json: bool, **values: Any) -> None:
     """Audit records, newest first, a page at a time."""
@@ -172,21 +177,39 @@ def audit_query(limit: int, before: int | None, as_json: bool, **values: Any) ->
 @audit.command("stats")
 @source_options
 @filter_options
-@click.option("--by", type=click.Choice(tuple(GROUPINGS)), required=True, help="Group by this.")
+@click.option(
+    "--by",
+    "groupings",
+    type=click.Choice(tuple(GROUPINGS)),
+    multiple=True,
+    default=("stage",),
+    show_default=True,
+    help="Group by this; repeat for one table per grouping.",
+)
 @click.option("--json", "as_json", is_flag=True, help="JSON lines, one object per group.")
-def audit_stats(by: str, as_json: bool, **values: Any) -> None:
-    """Counts and rates of audit records grouped by stage, code, capability or actor."""
+def audit_stats(groupings: tuple[str, ...], as_json: bool, **values: Any) -> None:
+    """Counts and rates of audit records grouped by stage, code, capability, actor
+    or status."""
     source = _source(values)
+    f = _filter(values)
     try:
-        stats = source.stats(by, _filter(values))
+        tables = [source.stats(by, f) for by in dict.fromkeys(groupings)]
     finally:
         source.close()
-    if as_json:
-        for r in stats.rows:
-            line = {by: r.key, "count": r.count, "share": r.share, "per_minute": r.per_minute}
-            click.echo(json.dumps(line, ensure_ascii=False))
-        return
-    _stats_table(stats)
+    for number, stats in enumerate(tables):
+        if as_json:
+            for r in stats.rows:
+                line = {
+                    stats.by: r.key,
+                    "count": r.count,
+                    "share": r.share,
+                    "per_minute": r.per_minute,
+                }
+                click.echo(json.dumps(line, ensure_ascii=False))
+            continue
+        if number:
+            click.echo()
+        _stats_table(stats)
 
 
 @audit.command("verify")

@@ -21,6 +21,7 @@ from warden_server.audit import reader
 from warden_server.audit.chain import VerifyResult
 from warden_server.audit.checkpoint import CheckpointKeyError, CheckpointVerifier
 from warden_server.audit.reader import AuditFilter, Page, Stats
+from warden_server.cli.common import rpc_refused
 from warden_server.cli.common import tls_credentials as _tls_credentials
 from warden_server.errors import RequestError
 from warden_server.services import convert
@@ -124,10 +125,7 @@ class RemoteSource:
             raise self._refused(exc) from None
 
     def _refused(self, exc: grpc.RpcError) -> click.ClickException:
-        code = exc.code() if isinstance(exc, grpc.Call) else None
-        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-        name = code.name if code is not None else "ERROR"
-        return click.ClickException(f"{self._target} answered {name}: {details}")
+        return rpc_refused(self._target, exc)
 
 
 def _now() -> datetime:

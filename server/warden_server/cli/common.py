@@ -1,18 +1,19 @@
-"""What the commands share: the --config option and turning config errors into
-one clear message."""
+"""What the commands share: the --config and --target options, and one clear
+message for a config error, a store that cannot be opened or a plane that
+refused or never answered."""
 
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 
 import click
 import grpc
 
+from warden.shared.reach import NO_PLANE, unreachable
 from warden.shared.tls import TLS, TLSConfigError, credentials_of
 from warden_server.config import Config, ConfigError, load_config
-from warden_server.store import SQLiteStore
+from warden_server.store import SQLiteStore, StoreError
 
 CONFIG_OPTION = click.option(
     "--config",
@@ -23,6 +24,14 @@ CONFIG_OPTION = click.option(
     help="The plane's TOML configuration.",
 )
 STORE_OPTION = click.option("--store", help="The SQLite store (default: the config's).")
+DEFAULT_TARGET = "127.0.0.1:50051"
+TARGET_OPTION = click.option(
+    "--target",
+    default=DEFAULT_TARGET,
+    show_default=True,
+    envvar="WARDEN_TARGET",
+    help="The plane's host:port (or set WARDEN_TARGET).",
+)
 
 
 def load(path: str, **overrides: str | None) -> Config:
@@ -35,13 +44,17 @@ def load(path: str, **overrides: str | None) -> Config:
 
 def open_store(config_path: str, store: str | None) -> SQLiteStore:
     """The store named by --store, else by the config; it must exist."""
-    path = Path(store) if store else load(config_path).store_path
+    return open_store_file(Path(store) if store else load(config_path).store_path)
+
+
+def open_store_file(path: Path) -> SQLiteStore:
+    """The store at ``path``; it must exist."""
     if not path.exists():
         raise click.ClickException(f"{path}: no such store")
     try:
         return SQLiteStore(path)
-    except sqlite3.DatabaseError as exc:
-        raise click.ClickException(f"{path}: not a Warden store ({exc})") from None
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def tls_credentials() -> grpc.ChannelCredentials | None:
@@ -51,3 +64,22 @@ def tls_credentials() -> grpc.ChannelCredentials | None:
         return credentials_of(TLS.from_environ(os.environ))
     except TLSConfigError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def plane_refused(target: str, status: str, message: str) -> click.ClickException:
+    """What a plane at ``target`` answered, or that no plane answered there.
+
+    Every command words both the same way: ``no plane at TARGET: why`` when
+    the call reached none, else ``TARGET answered STATUS: message``.
+    """
+    if message.startswith(NO_PLANE):
+        return click.ClickException(message)
+    return click.ClickException(f"{target} answered {status}: {message}")
+
+
+def rpc_refused(target: str, exc: grpc.RpcError) -> click.ClickException:
+    """``plane_refused`` for a failed gRPC call."""
+    code = exc.code() if isinstance(exc, grpc.Call) else None
+    details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
+    message = unreachable(target, code, details) or details
+    return plane_refused(target, code.name if code is not None else "ERROR", message)

@@ -13,6 +13,7 @@ import grpc
 
 from warden.shared.tls import sync_channel
 from warden.v1 import policy_pb2, policy_pb2_grpc
+from warden_server.cli.common import TARGET_OPTION, open_store_file, rpc_refused
 from warden_server.cli.common import tls_credentials as _tls_credentials
 from warden_server.errors import InvalidRequest
 from warden_server.policy import typecheck
@@ -24,7 +25,6 @@ from warden_server.policy.serving import evaluator_for
 from warden_server.policy.testing import load_test_cases, run_policy_tests
 from warden_server.registry import CapabilityDefinition, Registry
 from warden_server.services import convert
-from warden_server.store import SQLiteStore
 
 R = TypeVar("R")
 RPC_TIMEOUT = 10.0
@@ -199,7 +199,7 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
 
 
 @policy.command("status")
-@click.option("--target", metavar="HOST:PORT", required=True, help="A running plane.")
+@TARGET_OPTION
 @TOKEN
 @click.option("--json", "as_json", is_flag=True, help="The status as one JSON object.")
 def policy_status(target: str, token: str | None, as_json: bool) -> None:
@@ -309,9 +309,7 @@ def _registered(
     """The latest version of every registered capability, with its service,
     read from a store file or asked of a running plane."""
     if store is not None:
-        if not store.exists():
-            raise click.ClickException(f"{store}: no such store")
-        opened = SQLiteStore(store)
+        opened = open_store_file(store)
         try:
             return [(c.definition, c.service) for c in Registry(opened).latest()]
         finally:
@@ -342,10 +340,7 @@ def _remote(target: str, call: Callable[[policy_pb2_grpc.PoliciesStub], R]) -> R
         try:
             return call(policy_pb2_grpc.PoliciesStub(channel))
         except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            details = exc.details() if hasattr(exc, "details") else str(exc)
-            name = code.name if code is not None else "ERROR"
-            raise click.ClickException(f"{target}: {name}: {details}") from None
+            raise rpc_refused(target, exc) from None
 
 
 def _status_json(status: policy_pb2.PolicyStatus) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import click
 
 from warden_server.cli.common import CONFIG_OPTION, load
 from warden_server.policy.loader import PolicyLoadError
+from warden_server.store import StoreError
 from warden_server.telemetry.logs import configure_logging
 
 
@@ -19,6 +20,11 @@ from warden_server.telemetry.logs import configure_logging
 @click.option("--listen", help="host:port to serve on (overrides [server] listen).")
 @click.option("--store", help="SQLite store path (overrides [server] store).")
 @click.option("--policies", help="Policy folder (overrides [server] policies).")
+@click.option(
+    "--metrics-listen",
+    metavar="HOST:PORT|off",
+    help="Where to serve Prometheus /metrics, or off (overrides [telemetry] metrics_listen).",
+)
 @click.option(
     "--processes",
     type=click.IntRange(1, 256),
@@ -42,12 +48,13 @@ def serve(
     listen: str | None,
     store: str | None,
     policies: str | None,
+    metrics_listen: str | None,
     processes: int | None,
     log_level: str,
     log_format: Literal["text", "json"] | None,
 ) -> None:
     """Serve the plane until interrupted."""
-    from warden_server.app import Server
+    from warden_server.app import MetricsUnavailable, Server
     from warden_server.app import serve as start
     from warden_server.plane import Plane
 
@@ -59,12 +66,17 @@ def serve(
         policies=str(Path(policies).resolve()) if policies else None,
         processes=str(processes) if processes else None,
     )
+    if metrics_listen is not None:
+        moved = None if metrics_listen in ("", "off") else metrics_listen
+        config = config.model_copy(
+            update={"telemetry": config.telemetry.model_copy(update={"metrics_listen": moved})}
+        )
     configure_logging(log_level, log_format or config.telemetry.log_format)
     try:
         plane = Plane.from_config(config)
     except PolicyLoadError as exc:
         raise click.ClickException(f"the policy set has problems:\n{exc}") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, StoreError) as exc:
         raise click.ClickException(str(exc)) from None
     # Asked to stop while still starting (the other processes take a moment):
     # stop as soon as serving has begun, rather than die half-started.
@@ -81,6 +93,11 @@ def serve(
     signal.signal(signal.SIGINT, stop)
     try:
         server = start(plane, config.server.listen)
+    except MetricsUnavailable as exc:
+        raise click.ClickException(
+            f"{exc}; move it with --metrics-listen HOST:PORT, "
+            "or turn it off with --metrics-listen off"
+        ) from None
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
     running.append(server)

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import sqlite_utils
 
+from warden_server.store.base import StoreError
+
 
 def _m001_initial(db: sqlite_utils.Database) -> None:
     db.table("audit_events").create(
@@ -246,8 +248,8 @@ def migrate(conn: sqlite3.Connection) -> int:
     """Apply every migration not yet applied; returns the schema version."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > len(MIGRATIONS):
-        raise RuntimeError(
-            f"the store's schema version {version} is newer than this Warden "
+        raise StoreError(
+            f"its schema version {version} is newer than this Warden's "
             f"({len(MIGRATIONS)}): upgrade Warden"
         )
     db = sqlite_utils.Database(conn)

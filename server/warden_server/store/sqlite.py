@@ -285,25 +285,10 @@ class SQLiteStore:
         self, path: str | Path, *, max_batch: int = 512, observer: StoreObserver | None = None
     ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._max_batch = max_batch
         self._observer = observer
-        self._write_conn = _connect(self.path)
-        # Processes sharing the file take turns at writing through this lock,
-        # which wakes the next writer the moment it is released; SQLite's own
-        # busy handler would have it sleep and retry (up to 100 ms a time).
-        self._turns = os.open(f"{self.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
-        # Every append updates a dozen indexes: keep their hot pages in memory.
-        self._write_conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-        # Planes starting together on a fresh file migrate it one at a time:
-        # the second finds the schema current.
-        fcntl.flock(self._turns, fcntl.LOCK_EX)
-        try:
-            migrate(self._write_conn)
-        finally:
-            fcntl.flock(self._turns, fcntl.LOCK_UN)
         self._head = _ChainHead(0, GENESIS)
-        self._load_chain_head()
+        self._open_writer()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -314,6 +299,42 @@ class SQLiteStore:
             target=self._run_writer, name="warden-store-writer", daemon=True
         )
         self._writer.start()
+
+    def _open_writer(self) -> None:
+        """Open the write connection and the writers' lock file, migrate the
+        schema and read the chain's head.
+
+        Raises:
+            StoreError: the file cannot be opened or is not a Warden store.
+        """
+        conn: sqlite3.Connection | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = _connect(self.path)
+            # Processes sharing the file take turns at writing through this lock,
+            # which wakes the next writer the moment it is released; SQLite's own
+            # busy handler would have it sleep and retry (up to 100 ms a time).
+            turns = os.open(f"{self.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except (OSError, sqlite3.Error) as exc:
+            if conn is not None:
+                conn.close()
+            raise StoreError(f"{self.path}: cannot open the store: {_reason(exc)}") from None
+        try:
+            # Every append updates a dozen indexes: keep their hot pages in memory.
+            conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+            # Planes starting together on a fresh file migrate it one at a
+            # time: the later ones find the schema current.
+            fcntl.flock(turns, fcntl.LOCK_EX)
+            try:
+                migrate(conn)
+            finally:
+                fcntl.flock(turns, fcntl.LOCK_UN)
+            self._write_conn, self._turns = conn, turns
+            self._load_chain_head()
+        except (sqlite3.Error, StoreError) as exc:
+            conn.close()
+            os.close(turns)
+            raise StoreError(f"{self.path}: cannot open the store: {_reason(exc)}") from None
 
     # -- writing -----------------------------------------------------------
 
@@ -609,6 +630,13 @@ def _in_namespaces(namespaces: Sequence[str]) -> tuple[str, list[str]]:
         terms.append("c.id = ? OR (c.id > ? AND c.id < ?)")
         params += [namespace, namespace + ".", namespace + "/"]
     return " OR ".join(f"({t})" for t in terms), params
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a file could not be opened, without Python's wrapping of it."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc)
 
 
 def _capability(row: sqlite3.Row) -> CapabilityRecord:
