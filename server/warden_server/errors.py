@@ -28,6 +28,11 @@ class Conflict(RequestError):
     """The request contradicts what the store already holds."""
 
 
+class FailedPrecondition(RequestError):
+    """The request is well formed but the plane's state forbids it (e.g. a
+    capability version that would break a policy rule in force)."""
+
+
 class ResourceExhausted(RequestError):
     """The plane is at one of its limits; the message names it."""
 

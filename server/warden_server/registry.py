@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
@@ -203,7 +203,10 @@ class Registry:
         self._lock = threading.Lock()
 
     def register(
-        self, service: Service, definitions: Sequence[CapabilityDefinition]
+        self,
+        service: Service,
+        definitions: Sequence[CapabilityDefinition],
+        refuse: Callable[[Sequence[CapabilityDefinition]], None] | None = None,
     ) -> list[Capability]:
         """Register definitions all or nothing.
 
@@ -211,6 +214,9 @@ class Registry:
             InvalidRequest: a definition is malformed (every problem listed).
             PermissionDenied: an id outside the service's namespaces (SI-7).
             Conflict: a version number reused for a different definition.
+
+        ``refuse``, called once the definitions are valid, may raise to refuse
+        them (the policy rules in force must still type-check).
         """
         if not definitions:
             raise InvalidRequest("no capabilities to register")
@@ -225,6 +231,8 @@ class Registry:
                 f"service {service.name!r} does not own the namespace of {', '.join(foreign)} "
                 f"(it owns: {', '.join(service.namespaces)})"
             )
+        if refuse is not None:
+            refuse(definitions)
 
         def work(tx: WriteTransaction) -> list[CapabilityRecord]:
             records = [self._register_one(tx, service, d) for d in definitions]

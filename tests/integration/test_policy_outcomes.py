@@ -31,7 +31,7 @@ rules:
     capabilities: ["orders.echo"]
     effect: deny
     when: input.n == 13
-    message_expr: '"Not " + input.missing'
+    message_expr: '"Not " + actor.attrs.missing'
     message: Thirteen is unlucky.
   - id: notes-rollout
     capabilities: ["orders.echo"]

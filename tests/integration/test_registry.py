@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -424,3 +425,58 @@ def test_discovery_shows_a_service_only_what_it_can_begin(
         stubs.registry.GetCapability(request, metadata=ORDERS, timeout=10)
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND
     assert raised.value.details() == "Capability not found."
+
+
+class NoteAsText(BaseModel):
+    n: str
+
+
+NOTE_RULES = """
+rules:
+  - id: allow-all
+    capabilities: ["orders.*"]
+    effect: allow
+  - id: big-notes
+    capabilities: ["orders.note"]
+    effect: deny
+    when: input.n > 100
+"""
+
+
+def test_a_version_that_would_break_a_rule_in_force_is_refused_and_the_previous_serves(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text(NOTE_RULES)
+    plant = start_plane(folder, watch_policies=False)
+
+    def runtime(input: type[BaseModel]) -> warden.Runtime:
+        rt = warden.Runtime(plant.target, service="orders", token=ORDERS_TOKEN)
+
+        @rt.capability("orders.note", input=input, output=NoteOut, side_effect="read")
+        def note(inp: BaseModel, ctx: warden.Context) -> NoteOut:
+            return NoteOut(n=1)
+
+        return rt
+
+    good, bad = runtime(NoteV1), runtime(NoteAsText)
+    try:
+        good.register()
+        with pytest.raises(warden.WardenError) as raised:
+            bad.register()
+        message = str(raised.value)
+        assert "FAILED_PRECONDITION" in message
+        assert (
+            f"{folder}/rules.yaml:6: rule 'big-notes': when: no operator '>' for (string, int): "
+            "input.n is a string in orders.note"
+        ) in message
+        assert stored_versions(plant) == ["1"]
+        with grpc.insecure_channel(plant.target) as channel:
+            served = begin(
+                Stubs(channel), plant, capability_id="orders.note", input_json='{"n": 5}'
+            )
+        assert served.grant.capability_version == "1"
+    finally:
+        good.close()
+        bad.close()

@@ -24,13 +24,16 @@ import itertools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import celpy
 import lark
 from google.protobuf import descriptor_pb2, descriptor_pool, struct_pb2, wrappers_pb2
 
-from warden_server.policy.inputs import InputSchema
+from warden_server.policy.inputs import InputSchema, missing_field
+
+if TYPE_CHECKING:
+    from warden_server.policy.engine import PolicySet
 
 try:
     from cel_expr_python import cel
@@ -337,6 +340,40 @@ class TypeChecker:
             input_type = cel.Type.Map(cel.Type.STRING, cel.Type.DYN)
         typed.env = cel.NewEnv(descriptor_pool=self._pool, variables=self._declared(input_type))
         return typed
+
+
+def rules_broken_by(policies: PolicySet, schemas: Sequence[InputSchema]) -> list[str]:
+    """The rules in force that would no longer type-check were ``schemas``
+    the input schemas of their capabilities: each as ``file:line: rule 'id':
+    key: problem``. Empty where types cannot be checked."""
+    if available() is not None or not schemas:
+        return []
+    checker = TypeChecker()
+    broken: list[str] = []
+    for schema in schemas:
+        for rule in policies.rules_for(schema.capability_id):
+            for kind, text, program in (
+                ("when", rule.rule.when, rule.when),
+                ("message_expr", rule.rule.message_expr, rule.message_expr),
+                ("approvers", rule.rule.approvers or "true", rule.approvers),
+            ):
+                if program is None or text is None:
+                    continue
+                if kind == "when" and rule.rule.effect == "hide":
+                    continue  # hide rules read no input
+                found = checker.check(text, kind, [schema], program.references)  # type: ignore[arg-type]
+                found += [
+                    TypeProblem(1, 1, message)
+                    for ref in program.references
+                    if ref.variable == "input" and ref.path
+                    for message in [missing_field([schema], ref.path)]
+                    if message is not None
+                ]
+                for problem in found[:1]:
+                    broken.append(
+                        f"{rule.file}:{rule.line}: rule {rule.id!r}: {kind}: {problem.message}"
+                    )
+    return broken
 
 
 # --- JSON Schema to protobuf -------------------------------------------------

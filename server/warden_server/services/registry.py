@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 
 from warden.v1 import registry_pb2, registry_pb2_grpc
 from warden_server import discovery
-from warden_server.errors import InvalidRequest, NotFound
+from warden_server.errors import FailedPrecondition, InvalidRequest, NotFound
 from warden_server.plane import Plane
-from warden_server.registry import is_capability_id
+from warden_server.policy.inputs import InputSchema
+from warden_server.policy.typecheck import rules_broken_by
+from warden_server.registry import CapabilityDefinition, is_capability_id
 from warden_server.services import convert
 from warden_server.services.governor import calling_service
 from warden_server.services.status import rpc
@@ -33,10 +37,21 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         definitions = [
             convert.definition_from_proto(d, limits.max_schema_bytes) for d in request.capabilities
         ]
-        registered = self._plane.registry.register(service, definitions)
+        registered = self._plane.registry.register(
+            service, definitions, refuse=self._refuse_if_rules_break
+        )
         return registry_pb2.RegisterResponse(
             capabilities=[convert.capability_to_proto(c) for c in registered]
         )
+
+    def _refuse_if_rules_break(self, definitions: Sequence[CapabilityDefinition]) -> None:
+        schemas = [InputSchema(d.id, d.input_schema, d.version) for d in definitions]
+        broken = rules_broken_by(self._plane.policies.current(), schemas)
+        if broken:
+            raise FailedPrecondition(
+                "this registration would break policy rules in force; fix the rules or the "
+                "input schema:\n  " + "\n  ".join(broken)
+            )
 
     @rpc
     def ListCapabilities(

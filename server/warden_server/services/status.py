@@ -13,6 +13,7 @@ from warden_server.auth.actors import AuthenticationError
 from warden_server.auth.services import ServiceAuthenticationError
 from warden_server.errors import (
     Conflict,
+    FailedPrecondition,
     InvalidRequest,
     NotFound,
     PermissionDenied,
@@ -38,6 +39,7 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     Conflict: grpc.StatusCode.ALREADY_EXISTS,
     ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
