@@ -45,6 +45,20 @@ def test_si8_adapters_conceal_unknown_unexposed_and_hidden_identically(
     ]
 
 
+def test_si8_adapters_answer_a_name_that_cannot_be_a_capability_as_unknown(
+    adapter_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    """An empty or over-long tool name is an unknown tool, not 'try again later'."""
+    token = lab_plant.token()
+    calls = [(name, {"n": 1}, token) for name in ("", "orders." + "x" * 300)]
+    answers = through_both_adapters(adapter_rt, calls)
+    for content in answers["openai"]:
+        assert json.loads(content)["code"] == "CAPABILITY_NOT_FOUND"
+    for line in answers["mcp"]:
+        error = json.loads(line)["error"]
+        assert (error["code"], error["message"]) == (-32602, "Unknown tool")
+
+
 def test_si8_adapters_offer_neither_hidden_nor_unexposed_tools(
     adapter_rt: warden.Runtime, lab_plant: Plant
 ) -> None:
