@@ -229,6 +229,9 @@ def audit_verify(public_key: str | None, anchors: tuple[str, ...], **values: Any
             f"at seq {result.first_bad_seq}: {result.problem} "
             f"({result.checked} records verified before it{where})"
         )
+    if not result.ok and result.first_bad_seq is None:  # the chain holds; a row does not
+        click.echo(f"TAMPERED: {plain(result.problem or '', limit=2000)}", err=True)
+        sys.exit(1)
     if not result.ok:
         click.echo(
             f"TAMPERED at seq {result.first_bad_seq}: {plain(result.problem or '')} "
