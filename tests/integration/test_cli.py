@@ -427,7 +427,7 @@ def test_audit_commands_on_a_file_that_is_not_a_store_are_a_clear_error(
     bogus = tmp_path / "notes.db"
     bogus.write_text("not a database at all\n")
     result = CliRunner().invoke(main, ["audit", command, "--store", str(bogus)])
-    assert result.exit_code == 1
+    assert result.exit_code == (2 if command == "verify" else 1)  # verify: CORRUPT
     assert isinstance(result.exception, SystemExit), repr(result.exception)
     assert str(bogus) in result.stderr
     assert bogus.read_text() == "not a database at all\n"
