@@ -29,6 +29,7 @@ from warden.v1 import (
 )
 from warden_server.approvals.expiry import Sweeper
 from warden_server.approvals.tail import ApprovalTail
+from warden_server.audit.anchors import AnchorPublisher
 from warden_server.audit.checkpoint import CheckpointSigner
 from warden_server.audit.retention import RetentionScheduler
 from warden_server.config import Config
@@ -85,6 +86,7 @@ class Server:
     approval_tail: ApprovalTail | None = field(default=None, repr=False)
     joined: JoinedProcesses | None = field(default=None, repr=False)
     """The other processes serving this port, started by this (the first) one."""
+    anchors: AnchorPublisher | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -107,6 +109,8 @@ class Server:
             self.approval_tail.stop()
         if self.retention is not None:
             self.retention.stop()
+        if self.anchors is not None:
+            self.anchors.stop()
         self.plane.close()
 
     def wait(self) -> None:
@@ -169,6 +173,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         plane.close()
         raise MetricsUnavailable(metrics_listen or "", exc) from None
     retention = None if plane.joined else _retention(plane)
+    anchors = None if plane.joined else _anchors(plane)
     server.start()
     if plane.config.server.watch_policies:
         plane.reloader.start()
@@ -191,6 +196,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         metrics_port=metrics_port,
         retention=retention,
         approval_tail=tail,
+        anchors=anchors,
     )
     if processes > 1 and not plane.joined:
         try:
@@ -315,3 +321,16 @@ def _retention(plane: Plane) -> RetentionScheduler | None:
     )
     scheduler.start()
     return scheduler
+
+
+def _anchors(plane: Plane) -> AnchorPublisher | None:
+    """Start publishing the chain's head when ``[audit] anchor_interval`` is set."""
+    interval = plane.config.audit.anchor_interval
+    if not interval:
+        return None
+    signer = plane.checkpoints if isinstance(plane.checkpoints, CheckpointSigner) else None
+    publisher = AnchorPublisher(
+        plane.store, plane.config.anchors_path, interval=parse_duration(interval), signer=signer
+    )
+    publisher.start()
+    return publisher

@@ -224,12 +224,18 @@ class AuditSection(_Section):
     RESOURCE_EXHAUSTED with ``retry-after-ms``."""
     read_burst: Annotated[int, Field(ge=1)] = 20
     """Audit API reads a caller may make at once before ``read_rate`` applies."""
+    anchor_interval: str | None = "1h"
+    """How often the plane appends the chain's head to ``anchor_file`` (when it
+    moved), signed with the checkpoint key when it holds the private half; set
+    to "" to publish none. Ship the file off the machine: ``verify --anchors``."""
+    anchor_file: str | None = None
+    """Where anchors are published: by default beside the store (``<store>.anchors``)."""
 
     @model_validator(mode="after")
     def _durations(self) -> AuditSection:
-        for name in ("retention", "prune_interval"):
+        for name in ("retention", "prune_interval", "anchor_interval"):
             value = getattr(self, name)
-            if value is not None:
+            if value:
                 try:
                     parse_duration(value)
                 except ValueError as exc:
@@ -325,6 +331,13 @@ class Config(_Section):
     @property
     def policies_path(self) -> Path:
         return self.path(self.server.policies)
+
+    @property
+    def anchors_path(self) -> Path:
+        """Where the plane publishes its anchors (``[audit] anchor_file``)."""
+        configured = self.audit.anchor_file
+        store = self.store_path
+        return self.path(configured) if configured else store.with_name(store.name + ".anchors")
 
 
 def load_config(

@@ -3,15 +3,21 @@ the whole log rewritten into another valid chain."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 from click.testing import CliRunner
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import warden
-from tests.conftest import Plant
+from tests.conftest import ORDERS_TOKEN, Plant, make_config
+from tests.integration.lab import Lab, build_lab, write_lab_policies
+from warden_server.app import serve
 from warden_server.audit.chain import GENESIS, record_hash
 from warden_server.cli import main
+from warden_server.plane import Plane
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -79,3 +85,61 @@ def test_an_anchor_must_be_seq_colon_hash(lab_rt: warden.Runtime, lab_plant: Pla
     db = str(populate(lab_rt, lab_plant))
     code, _, err = run("audit", "verify", "--store", db, "--anchor", "12:not-a-hash")
     assert code == 2 and "SEQ:HASH" in err
+
+
+def test_a_log_cut_short_verifies_only_with_a_plain_word_on_what_is_not_proven(
+    lab_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    db = populate(lab_rt, lab_plant)
+    conn = sqlite3.connect(db)
+    conn.execute("DELETE FROM audit_events WHERE seq > (SELECT max(seq) - 2 FROM audit_events)")
+    conn.commit()
+    conn.close()
+    code, out, err = run("audit", "verify", "--store", str(db))
+    assert code == 0 and out.startswith("ok: ")
+    assert err.startswith("not proven without an anchor: that no records were cut off the end")
+
+
+def test_the_plane_publishes_signed_anchors_that_catch_a_log_cut_short(
+    tmp_path: Path,
+) -> None:
+    key = tmp_path / "checkpoint.pem"
+    key.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    config = make_config(tmp_path, write_lab_policies(tmp_path / "lab"))
+    config = config.model_copy(
+        update={
+            "audit": config.audit.model_copy(
+                update={"checkpoint_key_file": str(key), "anchor_interval": "1h"}
+            )
+        }
+    )
+    with serve(Plane.from_config(config), "127.0.0.1:0") as server:
+        plant = Plant(server, tmp_path)
+        rt = build_lab(plant.target, ORDERS_TOKEN, Lab())
+        rt.register()
+        populate(rt, plant)
+        rt.close()
+        server.stop()  # a plane that stops publishes its head last
+    published = config.anchors_path.read_text().splitlines()
+    newest = plant.rows("SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1")[0]
+    last = json.loads(published[-1])
+    assert (last["seq"], last["hash"]) == (newest["seq"], newest["hash"])
+    assert last["signature"] and last["key_id"]
+    verify = ("audit", "verify", "--store", str(plant.db_path), "--public-key", str(key))
+    code, out, err = run(*verify, "--anchors", str(config.anchors_path))
+    assert code == 0 and "1 anchors hold" in out and not err
+
+    forged = {**last, "seq": last["seq"] - 1}
+    config.anchors_path.write_text("\n".join([*published, json.dumps(forged)]) + "\n")
+    conn = sqlite3.connect(plant.db_path)
+    conn.execute("DELETE FROM audit_events WHERE seq > (SELECT max(seq) - 2 FROM audit_events)")
+    conn.commit()
+    conn.close()
+    code, _, err = run(*verify, "--anchors", str(config.anchors_path))
+    assert code == 1 and "is gone" in err and "cut off" in err, err

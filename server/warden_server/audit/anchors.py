@@ -7,14 +7,37 @@ is the ``seq:hash`` of the head at some moment (``warden audit head``), kept
 off the machine — a ticket, a log shipper, a printout. ``verify --anchor``
 then checks that the record at that seq still exists with that hash: every
 record up to it is then exactly as it was when the anchor was taken.
+
+The plane also publishes anchors itself (``[audit] anchor_interval``): it
+appends the head to an anchors file (``[audit] anchor_file``) on a schedule,
+signed with the checkpoint key when it has the private half, for a log
+shipper to carry off the machine; ``verify --anchors FILE`` checks the newest
+one whose signature holds.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import logging
+import os
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cryptography.exceptions import InvalidSignature
+
+from warden.shared.canonical import canonical_json, compact_json
+from warden_server.audit.checkpoint import CheckpointSigner, CheckpointVerifier
+from warden_server.audit.events import now_iso
+
+if TYPE_CHECKING:
+    from warden_server.store import Store
+
+log = logging.getLogger(__name__)
 
 _ANCHOR = re.compile(r"^(\d+):([0-9a-f]{64})$")
 
@@ -63,3 +86,137 @@ def check(
     if record["hash"] != anchor.hash:
         return f"anchor {anchor.seq}: the record has another hash: the log was rewritten"
     return None
+
+
+# -- anchors the plane publishes -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedAnchor:
+    """One line of the plane's anchors file: the head at ``at``, signed with the
+    checkpoint key when the plane has its private half."""
+
+    anchor: Anchor
+    at: str
+    key_id: str | None = None
+    signature: str | None = None
+
+    def signed_bytes(self) -> bytes:
+        return canonical_json({"seq": self.anchor.seq, "hash": self.anchor.hash, "at": self.at})
+
+    def line(self) -> str:
+        return compact_json(
+            {
+                "seq": self.anchor.seq,
+                "hash": self.anchor.hash,
+                "at": self.at,
+                "key_id": self.key_id,
+                "signature": self.signature,
+            }
+        )
+
+    @classmethod
+    def parse(cls, line: str) -> PublishedAnchor:
+        """One line of an anchors file.
+
+        Raises:
+            ValueError: the line is not a published anchor.
+        """
+        try:
+            data = json.loads(line)
+            anchor = Anchor.parse(f"{data['seq']}:{data['hash']}")
+            return cls(anchor, str(data["at"]), data.get("key_id"), data.get("signature"))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"not a published anchor ({exc})") from None
+
+    def signed_by(self, verifier: CheckpointVerifier) -> bool:
+        if not self.signature:
+            return False
+        try:
+            signature = base64.b64decode(self.signature, validate=True)
+            verifier.public_key.verify(signature, self.signed_bytes())
+        except (InvalidSignature, ValueError):
+            return False
+        return True
+
+
+def newest_published(path: Path, verifier: CheckpointVerifier | None) -> PublishedAnchor:
+    """The newest anchor of an anchors file whose signature holds under
+    ``verifier`` (any newest anchor when there is no key to check with).
+
+    Raises:
+        ValueError: no usable anchor in the file, with why, naming ``file:line``.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or exc}") from None
+    problems = []
+    for number in range(len(lines), 0, -1):
+        text = lines[number - 1].strip()
+        if not text:
+            continue
+        try:
+            published = PublishedAnchor.parse(text)
+        except ValueError as exc:
+            problems.append(f"{path}:{number}: {exc}")
+            continue
+        if verifier is not None and not published.signed_by(verifier):
+            problems.append(f"{path}:{number}: not signed by key {verifier.key_id}")
+            continue
+        return published
+    raise ValueError("; ".join(problems[:3]) or f"{path}: no anchors")
+
+
+class AnchorPublisher:
+    """Appends the chain's head to an anchors file every ``interval`` seconds,
+    when it moved, on a thread; ship the file off the machine (a log shipper)."""
+
+    def __init__(
+        self,
+        store: Store,
+        path: Path,
+        *,
+        interval: float,
+        signer: CheckpointSigner | None,
+    ) -> None:
+        self._store = store
+        self._path = path
+        self._interval = interval
+        self._signer = signer
+        self._last: Anchor | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="warden-anchors", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self.publish()  # the head at stop, so the newest records are covered too
+
+    def publish(self) -> PublishedAnchor | None:
+        """Append the head now, unless it is the one published last."""
+        try:
+            anchor = head(next(self._store.audit_rows(order="seq DESC", limit=1), None))
+            if anchor is None or anchor == self._last:
+                return None
+            published = PublishedAnchor(anchor, now_iso())
+            if self._signer is not None:
+                signature = self._signer.sign_bytes(published.signed_bytes())
+                published = PublishedAnchor(anchor, published.at, self._signer.key_id, signature)
+            with self._path.open("a", encoding="utf-8") as file:
+                file.write(published.line() + "\n")
+                file.flush()
+                os.fsync(file.fileno())
+        except Exception:
+            log.exception("could not publish the audit chain's head to %s", self._path)
+            return None
+        self._last = anchor
+        return published
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.publish()

@@ -128,6 +128,10 @@ class CheckpointSigner(CheckpointVerifier):
             raise CheckpointKeyError(f"{path}: pruning signs checkpoints and needs the private key")
         return cls(key)
 
+    def sign_bytes(self, data: bytes) -> str:
+        """An Ed25519 signature of ``data``, base64."""
+        return base64.b64encode(self._private.sign(data)).decode()
+
     def sign(
         self, seq: int, hash: str, *, created_at: str, pruned_before: str, records: int
     ) -> Checkpoint:

@@ -10,7 +10,9 @@ from typing import Any, Final, Literal
 
 from opentelemetry import trace
 
-Kind = Literal["decision", "outcome", "approval", "policy", "registry", "access", "retention"]
+Kind = Literal[
+    "decision", "outcome", "approval", "policy", "registry", "access", "retention", "integrity"
+]
 KINDS: Final[tuple[Kind, ...]] = (
     "decision",
     "outcome",
@@ -19,9 +21,11 @@ KINDS: Final[tuple[Kind, ...]] = (
     "registry",
     "access",
     "retention",
+    "integrity",
 )
 """Every kind of record: ``access`` is a read of the audit API (SI-13),
-``retention`` a pruning with its checkpoint."""
+``retention`` a pruning with its checkpoint, ``integrity`` a row of the
+registry, approvals or idempotency keys that failed its integrity check."""
 
 COLUMNS: Final = (
     "seq",

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from warden_server.audit.chain import VerifyResult, verify_rows
-from warden_server.audit.checkpoint import CheckpointVerifier
+from warden_server.audit.checkpoint import Checkpoint, CheckpointVerifier
 from warden_server.audit.events import KINDS
 from warden_server.audit.times import parse_time
 from warden_server.errors import InvalidRequest, RequestError
@@ -361,26 +361,43 @@ def verify(store: Store, verifier: CheckpointVerifier | None = None) -> VerifyRe
     start_seq = checkpoint.seq + 1 if checkpoint else 1
     rows = readable.rows(store.audit_rows(order="seq"))
     try:
-        if checkpoint is None:
-            return verify_rows(rows)
-        if verifier is None:
-            raise CheckpointUnverifiable(
-                f"the log was pruned through seq {checkpoint.seq}; checking its signed "
-                "checkpoint needs the plane's checkpoint key ([audit] checkpoint_key_file, "
-                "or --public-key)"
-            )
-        if not verifier.check(checkpoint):
-            return VerifyResult(
-                False,
-                0,
-                checkpoint.seq,
-                f"the retention checkpoint at seq {checkpoint.seq} is not signed by key "
-                f"{verifier.key_id} (signed as {checkpoint.key_id})",
-                checkpoint.seq + 1,
-            )
-        return verify_rows(rows, checkpoint.hash, checkpoint.seq + 1)
+        chain = _verify_chain(store, rows, checkpoint, verifier)
+        if not chain.ok:
+            return chain
+        tampered = store.tampered_rows()
     except sqlite3.DatabaseError as exc:
         return readable.verdict(exc, start_seq=start_seq)
+    if tampered:
+        more = f"; and {len(tampered) - 5} more" if len(tampered) > 5 else ""
+        shown = "; ".join(tampered[:5]) + more
+        return VerifyResult(False, chain.checked, None, shown, chain.start_seq)
+    return chain
+
+
+def _verify_chain(
+    store: Store,
+    rows: Iterator[dict[str, Any]],
+    checkpoint: Checkpoint | None,
+    verifier: CheckpointVerifier | None,
+) -> VerifyResult:
+    if checkpoint is None:
+        return verify_rows(rows)
+    if verifier is None:
+        raise CheckpointUnverifiable(
+            f"the log was pruned through seq {checkpoint.seq}; checking its signed "
+            "checkpoint needs the plane's checkpoint key ([audit] checkpoint_key_file, "
+            "or --public-key)"
+        )
+    if not verifier.check(checkpoint):
+        return VerifyResult(
+            False,
+            0,
+            checkpoint.seq,
+            f"the retention checkpoint at seq {checkpoint.seq} is not signed by key "
+            f"{verifier.key_id} (signed as {checkpoint.key_id})",
+            checkpoint.seq + 1,
+        )
+    return verify_rows(rows, checkpoint.hash, checkpoint.seq + 1)
 
 
 class _Readable:

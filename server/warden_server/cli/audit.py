@@ -17,11 +17,15 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from warden_server.audit.anchors import Anchor
+from warden_server.audit.anchors import Anchor, newest_published
 from warden_server.audit.anchors import check as anchors_check
 from warden_server.audit.anchors import head as anchors_head
 from warden_server.audit.chain import VerifyResult
-from warden_server.audit.checkpoint import CheckpointKeyError, CheckpointSigner
+from warden_server.audit.checkpoint import (
+    CheckpointKeyError,
+    CheckpointSigner,
+    CheckpointVerifier,
+)
 from warden_server.audit.events import KINDS
 from warden_server.audit.reader import GROUPINGS, MAX_LIMIT, AuditFilter, Stats, plain
 from warden_server.audit.retention import PruneRefused, prune
@@ -227,7 +231,16 @@ def audit_stats(groupings: tuple[str, ...], as_json: bool, **values: Any) -> Non
     help="A head printed earlier by `warden audit head` and kept elsewhere: the record "
     "at SEQ must still have HASH (catches a log cut short or rewritten). Repeatable.",
 )
-def audit_verify(public_key: str | None, anchors: tuple[str, ...], **values: Any) -> None:
+@click.option(
+    "--anchors",
+    "anchors_file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="An anchors file the plane published ([audit] anchor_file), kept elsewhere: its "
+    "newest anchor whose signature holds under the checkpoint key is checked.",
+)
+def audit_verify(
+    public_key: str | None, anchors: tuple[str, ...], anchors_file: str | None, **values: Any
+) -> None:
     """Walk the hash chain; name the first bad sequence number.
 
     Exit status: 0 intact, 1 tampered (a record or an anchor), 2 the store file
@@ -237,6 +250,8 @@ def audit_verify(public_key: str | None, anchors: tuple[str, ...], **values: Any
         expected = [Anchor.parse(text) for text in anchors]
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--anchor") from None
+    if anchors_file:
+        expected.append(_published_anchor(Path(anchors_file), values, public_key))
     if not values["target"]:
         _check_file(values["config_path"], values["store"])
     try:
@@ -252,6 +267,9 @@ def audit_verify(public_key: str | None, anchors: tuple[str, ...], **values: Any
             f"at seq {result.first_bad_seq}: {result.problem} "
             f"({result.checked} records verified before it{where})"
         )
+    if not result.ok and result.first_bad_seq is None:  # the chain holds; a row does not
+        click.echo(f"TAMPERED: {plain(result.problem or '', limit=2000)}", err=True)
+        sys.exit(1)
     if not result.ok:
         click.echo(
             f"TAMPERED at seq {result.first_bad_seq}: {plain(result.problem or '')} "
@@ -265,6 +283,41 @@ def audit_verify(public_key: str | None, anchors: tuple[str, ...], **values: Any
         sys.exit(1)
     held = f"; {len(expected)} anchors hold" if expected else ""
     click.echo(f"ok: {result.checked} records{where}, chain intact{held}")
+    if not expected:
+        click.echo(NOT_PROVEN_WITHOUT_AN_ANCHOR, err=True)
+    elif result.checked and max(a.seq for a in expected) < result.start_seq + result.checked - 1:
+        click.echo(
+            f"not proven: the records after seq {max(a.seq for a in expected)} (the newest "
+            "anchor) could have been cut off or rewritten; a newer anchor covers them",
+            err=True,
+        )
+
+
+NOT_PROVEN_WITHOUT_AN_ANCHOR = (
+    "not proven without an anchor: that no records were cut off the end, and that the "
+    "log was not replaced whole by another valid chain (give --anchor SEQ:HASH from "
+    "`warden audit head`, or --anchors with the plane's published anchors)"
+)
+
+
+def _published_anchor(path: Path, values: dict[str, Any], public_key: str | None) -> Anchor:
+    """The newest anchor of the plane's anchors file whose signature holds."""
+    config = (
+        None if values["target"] else _config_if_present(values["config_path"], values["store"])
+    )
+    key_file = _key_file(config, public_key)
+    try:
+        verifier = CheckpointVerifier.from_file(key_file) if key_file else None
+        published = newest_published(path, verifier)
+    except ValueError as exc:  # a CheckpointKeyError is one
+        raise click.BadParameter(str(exc), param_hint="--anchors") from None
+    if verifier is None:
+        click.echo(
+            "anchor signatures not checked: no checkpoint key (--public-key or "
+            "[audit] checkpoint_key_file)",
+            err=True,
+        )
+    return published.anchor
 
 
 def _verify(source: AuditSource, expected: list[Anchor]) -> tuple[VerifyResult, list[str]]:

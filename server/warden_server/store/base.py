@@ -201,4 +201,9 @@ class Store(Protocol):
         """The newest retention checkpoint, or None if nothing was ever pruned."""
         ...
 
+    def tampered_rows(self) -> list[str]:
+        """Every row of the registry, approvals and idempotency keys whose
+        integrity check fails, described (see ``store/integrity.py``)."""
+        ...
+
     def close(self) -> None: ...

@@ -235,13 +235,26 @@ def _m005_decided_invocations(db: sqlite_utils.Database) -> None:
     )
 
 
+def _m006_row_macs(db: sqlite_utils.Database) -> None:
+    """A MAC on every row of the tables that decide (see ``store/integrity.py``).
+    The rows already there are sealed by the store right after this migration,
+    once, with the store's integrity key."""
+    for table in ("capabilities", "approvals", "idempotency_keys"):
+        db.table(table).add_column("mac", str)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_approvals,
     _m003_idempotency,
     _m004_audit,
     _m005_decided_invocations,
+    _m006_row_macs,
 ]
+
+ROW_MACS_SINCE = MIGRATIONS.index(_m006_row_macs) + 1
+"""The schema version from which rows carry MACs: a store opened below it has
+its rows sealed once, right after migrating."""
 
 
 def migrate(conn: sqlite3.Connection) -> int:

@@ -33,7 +33,8 @@ from warden_server.audit.checkpoint import Checkpoint
 from warden_server.audit.events import COLUMNS, AuditEvent
 from warden_server.errors import Conflict
 from warden_server.store.base import StoreError, StoreObserver
-from warden_server.store.migrations import migrate
+from warden_server.store.integrity import SEALED_TABLES, RowSeal, TamperedRow
+from warden_server.store.migrations import ROW_MACS_SINCE, migrate
 from warden_server.store.records import (
     ApprovalRecord,
     CapabilityRecord,
@@ -50,8 +51,8 @@ _INSERT_AUDIT = (
 )
 
 
-def _insert(table: str, record_type: type) -> str:
-    names = [f.name for f in fields(record_type)]
+def _insert(table: str, record_type: type, *, sealed: bool = False) -> str:
+    names = [f.name for f in fields(record_type)] + (["mac"] if sealed else [])
     return (
         f"INSERT INTO {table} ({', '.join(names)}) "  # noqa: S608 (dataclass fields)
         f"VALUES ({', '.join(':' + n for n in names)})"
@@ -59,7 +60,7 @@ def _insert(table: str, record_type: type) -> str:
 
 
 _INSERT_INVOCATION = _insert("invocations", InvocationRecord)
-_INSERT_APPROVAL = _insert("approvals", ApprovalRecord)
+_INSERT_APPROVAL = _insert("approvals", ApprovalRecord, sealed=True)
 
 
 def _row(record: Any) -> dict[str, Any]:
@@ -104,12 +105,68 @@ class _ChainHead:
     hash: str
 
 
+_ROW_NAMES: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "capabilities": lambda row: f"{row['id']}@{row['version']}",
+    "approvals": lambda row: str(row["approval_id"]),
+    "idempotency_keys": lambda row: f"held by invocation {row['invocation_id']}",
+}
+"""How a report names a row of each sealed table."""
+
+
+class _Sealed:
+    """Seals rows as they are written and opens them, checked, as they are read."""
+
+    def __init__(self, seal: RowSeal, report: Callable[[TamperedRow], None]) -> None:
+        self.seal = seal
+        self._report = report
+
+    def sealed(self, table: str, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` with their MAC, to write."""
+        row = dict(values)
+        row["mac"] = self.seal.mac(table, row)
+        return row
+
+    def opened(self, table: str, row: Mapping[str, Any]) -> dict[str, Any]:
+        """A row's values without its MAC, once the MAC holds.
+
+        Raises:
+            TamperedRow: it does not (the row is reported, not used).
+        """
+        values = dict(row)
+        if not self.seal.holds(table, values):
+            error = TamperedRow(table, _ROW_NAMES[table](values))
+            self._report(error)
+            raise error
+        values.pop("mac", None)
+        return values
+
+    def capability(self, row: Mapping[str, Any]) -> CapabilityRecord:
+        return _capability(self.opened("capabilities", row))
+
+    def approval(self, row: Mapping[str, Any]) -> ApprovalRecord:
+        return ApprovalRecord(**self.opened("approvals", row))
+
+    def idempotency(self, row: Mapping[str, Any]) -> IdempotencyRecord:
+        return _idempotency(self.opened("idempotency_keys", row))
+
+    def each(self, open_row: Callable[[Any], T], rows: Iterator[Any]) -> list[T]:
+        """Every row that opens; a tampered one is left out (and reported)."""
+        opened = []
+        for row in rows:
+            try:
+                opened.append(open_row(row))
+            except TamperedRow:
+                continue
+        return opened
+
+
 class SQLiteTransaction:
     """The writes of one piece of work inside a group-committed transaction."""
 
-    def __init__(self, conn: sqlite3.Connection, head: _ChainHead) -> None:
+    def __init__(self, conn: sqlite3.Connection, head: _ChainHead, sealed: _Sealed) -> None:
         self._conn = conn
         self._head = head
+        self._sealed = sealed
         self.appended: list[AuditEvent] = []
         """The events appended by the current piece of work."""
 
@@ -156,7 +213,7 @@ class SQLiteTransaction:
         rows = self._conn.execute(
             "SELECT * FROM capabilities WHERE id = ? ORDER BY ordinal", (capability_id,)
         )
-        return [_capability(row) for row in rows]
+        return [self._sealed.capability(row) for row in rows]
 
     def registry_size(self, namespaces: Sequence[str]) -> tuple[int, int]:
         where, params = _in_namespaces(namespaces)
@@ -174,9 +231,9 @@ class SQLiteTransaction:
         row["ordinal"] = ordinal
         self._conn.execute(
             "INSERT INTO capabilities (id, version, service, digest, definition, registered_at, "
-            "ordinal) VALUES (:id, :version, :service, :digest, :definition, :registered_at, "
-            ":ordinal)",
-            row,
+            "ordinal, mac) VALUES (:id, :version, :service, :digest, :definition, "
+            ":registered_at, :ordinal, :mac)",
+            self._sealed.sealed("capabilities", row),
         )
 
     def insert_invocation(self, record: InvocationRecord) -> None:
@@ -194,15 +251,54 @@ class SQLiteTransaction:
         return bool(cursor.rowcount == 1)
 
     def insert_approval(self, record: ApprovalRecord) -> None:
-        self._conn.execute(_INSERT_APPROVAL, _row(record))
+        self._conn.execute(_INSERT_APPROVAL, self._sealed.sealed("approvals", _row(record)))
+
+    def _transition(
+        self,
+        table: str,
+        where: str,
+        params: Mapping[str, Any],
+        change: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> bool:
+        """Change the row ``where`` selects, if any, after checking its MAC, and
+        seal it anew; False when no row matches."""
+        sql = f"SELECT rowid AS row_id, * FROM {table} WHERE {where}"  # noqa: S608 (fixed)
+        found = self._conn.execute(sql, params).fetchone()
+        if found is None:
+            return False
+        values = dict(found)
+        row_id = values.pop("row_id")
+        current = self._sealed.opened(table, values)
+        changes = change(current)
+        sealed = self._sealed.sealed(table, {**current, **changes})
+        assignments = ", ".join(f"{name} = :{name}" for name in [*changes, "mac"])
+        self._conn.execute(
+            f"UPDATE {table} SET {assignments} WHERE rowid = :row_id",  # noqa: S608 (fixed)
+            {**sealed, "row_id": row_id},
+        )
+        return True
+
+    def _approval_transition(
+        self, approval_id: str, condition: str, params: Mapping[str, Any], **changes: Any
+    ) -> bool:
+        return self._transition(
+            "approvals",
+            f"approval_id = :approval_id AND {condition}",
+            {**params, "approval_id": approval_id},
+            lambda current: {
+                name: value(current) if callable(value) else value
+                for name, value in changes.items()
+            },
+        )
 
     def consume_approval(self, approval_id: str, consumed_at: str) -> bool:
-        cursor = self._conn.execute(
-            "UPDATE approvals SET state = 'consumed', decided_at = coalesce(decided_at, ?) "
-            "WHERE approval_id = ? AND state = 'approved' AND expires_at > ?",
-            (consumed_at, approval_id, consumed_at),
+        return self._approval_transition(
+            approval_id,
+            "state = 'approved' AND expires_at > :at",
+            {"at": consumed_at},
+            state="consumed",
+            decided_at=lambda current: current["decided_at"] or consumed_at,
         )
-        return bool(cursor.rowcount == 1)
 
     def reserve_idempotency(self, record: IdempotencyRecord, now: str) -> bool:
         self._conn.execute(
@@ -210,16 +306,20 @@ class SQLiteTransaction:
             "WHERE expires_at <= ? LIMIT ?)",
             (now, _PURGE_BATCH),
         )
-        row = asdict(record)
-        cursor = self._conn.execute(
-            f"INSERT INTO idempotency_keys ({', '.join(row)}) "  # noqa: S608 (dataclass fields)
-            f"VALUES ({', '.join(':' + k for k in row)}) "
-            "ON CONFLICT (service, capability_id, actor_id, key) DO UPDATE SET "
-            + ", ".join(f"{k} = excluded.{k}" for k in row)
-            + " WHERE idempotency_keys.expires_at <= :now",
-            {**row, "now": now},
+        held = self._conn.execute(
+            "SELECT 1 FROM idempotency_keys WHERE service = ? AND capability_id = ? "
+            "AND actor_id = ? AND key = ? AND expires_at > ?",
+            (record.service, record.capability_id, record.actor_id, record.key, now),
+        ).fetchone()
+        if held is not None:
+            return False
+        row = self._sealed.sealed("idempotency_keys", asdict(record))
+        self._conn.execute(
+            f"INSERT OR REPLACE INTO idempotency_keys ({', '.join(row)}) "  # noqa: S608 (fields)
+            f"VALUES ({', '.join(':' + k for k in row)})",
+            row,
         )
-        return bool(cursor.rowcount == 1)
+        return True
 
     def settle_idempotency(
         self,
@@ -231,18 +331,18 @@ class SQLiteTransaction:
         executed_before_failure: bool,
         sealed_output: bytes | None,
     ) -> None:
-        self._conn.execute(
-            "UPDATE idempotency_keys SET state = 'completed', completed_at = ?, status = ?, "
-            "failure = ?, executed_before_failure = ?, sealed_output = ? "
-            "WHERE invocation_id = ? AND state = 'in_progress'",
-            (
-                completed_at,
-                status,
-                failure,
-                int(executed_before_failure),
-                sealed_output,
-                invocation_id,
-            ),
+        self._transition(
+            "idempotency_keys",
+            "invocation_id = :invocation_id AND state = 'in_progress'",
+            {"invocation_id": invocation_id},
+            lambda current: {
+                "state": "completed",
+                "completed_at": completed_at,
+                "status": status,
+                "failure": failure,
+                "executed_before_failure": int(executed_before_failure),
+                "sealed_output": sealed_output,
+            },
         )
 
     def release_idempotency(self, invocation_id: str) -> None:
@@ -254,20 +354,23 @@ class SQLiteTransaction:
     def decide_approval(
         self, approval_id: str, state: str, decided_by: str, reason: str | None, decided_at: str
     ) -> bool:
-        cursor = self._conn.execute(
-            "UPDATE approvals SET state = ?, decided_by = ?, reason = ?, decided_at = ? "
-            "WHERE approval_id = ? AND state = 'pending' AND expires_at > ?",
-            (state, decided_by, reason, decided_at, approval_id, decided_at),
+        return self._approval_transition(
+            approval_id,
+            "state = 'pending' AND expires_at > :at",
+            {"at": decided_at},
+            state=state,
+            decided_by=decided_by,
+            reason=reason,
+            decided_at=decided_at,
         )
-        return bool(cursor.rowcount == 1)
 
     def expire_approval(self, approval_id: str, now: str) -> bool:
-        cursor = self._conn.execute(
-            "UPDATE approvals SET state = 'expired' "
-            "WHERE approval_id = ? AND state IN ('pending', 'approved') AND expires_at <= ?",
-            (approval_id, now),
+        return self._approval_transition(
+            approval_id,
+            "state IN ('pending', 'approved') AND expires_at <= :at",
+            {"at": now},
+            state="expired",
         )
-        return bool(cursor.rowcount == 1)
 
     def due_approvals(self, now: str, limit: int) -> list[ApprovalRecord]:
         rows = self._conn.execute(
@@ -275,7 +378,7 @@ class SQLiteTransaction:
             "ORDER BY expires_at LIMIT ?",
             (now, limit),
         )
-        return [ApprovalRecord(**dict(row)) for row in rows]
+        return self._sealed.each(self._sealed.approval, rows)
 
 
 class SQLiteStore:
@@ -287,6 +390,7 @@ class SQLiteStore:
         self.path = Path(path)
         self._max_batch = max_batch
         self._observer = observer
+        self._reported: set[tuple[str, str]] = set()
         self._head = _ChainHead(0, GENESIS)
         self._open_writer()
         self._local = threading.local()
@@ -324,14 +428,29 @@ class SQLiteStore:
             conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
             # Planes starting together on a fresh file migrate it one at a
             # time: the later ones find the schema current.
+            self._write_conn, self._turns = conn, turns
+            # Planes starting together on a fresh file migrate (and seal) it
+            # one at a time: the later ones find the schema current.
             fcntl.flock(turns, fcntl.LOCK_EX)
             try:
-                migrate(conn)
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                try:
+                    migrate(conn)
+                except StoreError as exc:
+                    raise StoreError(f"{self.path}: cannot open the store: {exc}") from None
+                seal = RowSeal.beside(self.path, create=not self._has_sealed_rows())
+                self._sealed = _Sealed(seal, self._report)
+                if version < ROW_MACS_SINCE:
+                    self._seal_rows_written_before_macs()
             finally:
                 fcntl.flock(turns, fcntl.LOCK_UN)
-            self._write_conn, self._turns = conn, turns
             self._load_chain_head()
-        except (sqlite3.Error, StoreError) as exc:
+        except StoreError:
+            # It names its file already (the store, or the integrity key beside it).
+            conn.close()
+            os.close(turns)
+            raise
+        except sqlite3.Error as exc:
             conn.close()
             os.close(turns)
             raise StoreError(f"{self.path}: cannot open the store: {_reason(exc)}") from None
@@ -348,6 +467,55 @@ class SQLiteStore:
         result: T = job.future.result()
         return result
 
+    # -- integrity of the rows that decide ---------------------------------
+
+    def _has_sealed_rows(self) -> bool:
+        return any(
+            self._write_conn.execute(
+                f"SELECT 1 FROM {table} WHERE mac IS NOT NULL LIMIT 1"  # noqa: S608 (fixed)
+            ).fetchone()
+            for table in SEALED_TABLES
+        )
+
+    def _seal_rows_written_before_macs(self) -> None:
+        """Seal the rows of a store written before rows had MACs: once, right
+        after the migration that added them, never again (a MAC cleared later
+        is a tampered row, not an old one)."""
+        conn = self._write_conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            for table in SEALED_TABLES:
+                rows = conn.execute(f"SELECT rowid AS row_id, * FROM {table}").fetchall()  # noqa: S608
+                for found in rows:
+                    values = dict(found)
+                    row_id = values.pop("row_id")
+                    conn.execute(
+                        f"UPDATE {table} SET mac = ? WHERE rowid = ?",  # noqa: S608 (fixed)
+                        (self._sealed.seal.mac(table, values), row_id),
+                    )
+
+    def _report(self, tampered: TamperedRow) -> None:
+        """Log a tampered row and record it in the audit log, once per row."""
+        key = (tampered.table, tampered.key)
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        log.error("%s: refused, not used", tampered)
+        event = AuditEvent(kind="integrity", status="tampered", reason=str(tampered))
+        if not self._closed:
+            # Recorded by the writer's next batch; the caller does not wait for it.
+            self._queue.put(_Job(lambda tx: tx.append_audit(event), None))
+
+    def tampered_rows(self) -> list[str]:
+        """Every row of the tables that decide whose MAC does not hold, described."""
+        found = []
+        for table in SEALED_TABLES:
+            for row in self._reader().execute(f"SELECT * FROM {table}"):  # noqa: S608 (fixed)
+                values = dict(row)
+                if not self._sealed.seal.holds(table, values):
+                    found.append(str(TamperedRow(table, _ROW_NAMES[table](values))))
+        return found
+
     def _load_chain_head(self) -> None:
         conn = self._write_conn
         row = conn.execute(
@@ -362,7 +530,7 @@ class SQLiteStore:
 
     def _run_writer(self) -> None:
         conn = self._write_conn
-        tx = SQLiteTransaction(conn, self._head)
+        tx = SQLiteTransaction(conn, self._head, self._sealed)
         while True:
             first = self._queue.get()
             if first is _STOP:
@@ -457,7 +625,7 @@ class SQLiteStore:
             )
             .fetchone()
         )
-        return _capability(row) if row else None
+        return self._sealed.capability(row) if row else None
 
     def approval_transitions(self, after_seq: int, limit: int) -> list[tuple[int, str, str]]:
         rows = self._reader().execute(
@@ -486,7 +654,7 @@ class SQLiteStore:
         rows = self._reader().execute(
             "SELECT * FROM capabilities WHERE id = ? ORDER BY ordinal", (capability_id,)
         )
-        return [_capability(row) for row in rows]
+        return [self._sealed.capability(row) for row in rows]
 
     def latest_capabilities(
         self, namespaces: Sequence[str] | None = None
@@ -503,7 +671,7 @@ class SQLiteStore:
                 "ORDER BY c.id",
                 params,
             )
-        return [_capability(row) for row in rows]
+        return self._sealed.each(self._sealed.capability, rows)
 
     def get_invocation(self, invocation_id: str) -> InvocationRecord | None:
         row = (
@@ -519,7 +687,7 @@ class SQLiteStore:
             .execute("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
             .fetchone()
         )
-        return ApprovalRecord(**dict(row)) if row else None
+        return self._sealed.approval(row) if row else None
 
     def get_idempotency(
         self, service: str, capability_id: str, actor_id: str, key: str
@@ -533,7 +701,7 @@ class SQLiteStore:
             )
             .fetchone()
         )
-        return _idempotency(row) if row else None
+        return self._sealed.idempotency(row) if row else None
 
     def idempotency_of(self, invocation_id: str) -> IdempotencyRecord | None:
         row = (
@@ -541,7 +709,7 @@ class SQLiteStore:
             .execute("SELECT * FROM idempotency_keys WHERE invocation_id = ?", (invocation_id,))
             .fetchone()
         )
-        return _idempotency(row) if row else None
+        return self._sealed.idempotency(row) if row else None
 
     def list_approvals(
         self, tenant: str, states: Sequence[str] = (), limit: int = 100
@@ -553,7 +721,7 @@ class SQLiteStore:
             params.extend(states)
         sql += " ORDER BY created_at DESC, approval_id LIMIT ?"
         params.append(int(limit))
-        return [ApprovalRecord(**dict(row)) for row in self._reader().execute(sql, params)]
+        return self._sealed.each(self._sealed.approval, self._reader().execute(sql, params))
 
     def audit_rows(
         self,
@@ -639,7 +807,7 @@ def _reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def _capability(row: sqlite3.Row) -> CapabilityRecord:
+def _capability(row: Mapping[str, Any]) -> CapabilityRecord:
     return CapabilityRecord(
         id=row["id"],
         version=row["version"],
@@ -650,7 +818,7 @@ def _capability(row: sqlite3.Row) -> CapabilityRecord:
     )
 
 
-def _idempotency(row: sqlite3.Row) -> IdempotencyRecord:
+def _idempotency(row: Mapping[str, Any]) -> IdempotencyRecord:
     values = dict(row)
     executed = values.pop("executed_before_failure")
     return IdempotencyRecord(
