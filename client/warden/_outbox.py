@@ -245,7 +245,15 @@ class Outbox:
                 self.path,
                 exc,
             )
-        self._loop.call_soon_threadsafe(self._enqueue, invocation_id, data)
+        try:
+            self._loop.call_soon_threadsafe(self._enqueue, invocation_id, data)
+        except RuntimeError:  # the loop is closed: the runtime was
+            log.warning(
+                "the outcome of invocation %s was reported after the runtime was closed; "
+                "it is left %s",
+                invocation_id,
+                f"in {self.path} for the next run" if self.path else "unsent",
+            )
 
     async def reported(self, scope: IdempotencyScope, timeout_s: float) -> None:
         """Wait (at most ``timeout_s``) until the plane has taken the report of
@@ -372,6 +380,7 @@ class Outbox:
             log.warning("the outbox %s cannot be written (%s)", self.path, exc)
 
     def _refused(self, invocation_id: str, answer: str) -> None:
+        self._failures.pop(invocation_id, None)
         log.error(
             "the plane refused the outcome of invocation %s: %s; the report stays in the outbox%s",
             invocation_id,

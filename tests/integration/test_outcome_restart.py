@@ -171,6 +171,36 @@ def test_an_idempotent_call_whose_report_outlived_a_restart_answers_its_outcome(
     assert reports_in(outbox) == []
 
 
+def test_the_default_outbox_is_a_file_per_service_for_its_owner_alone(
+    lab_plant: Plant, lab: Lab, outbox_home: Path
+) -> None:
+    rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
+    try:
+        env = rt.invoke("orders.echo", {"n": 1}, actor=lab_plant.token())
+        assert rt.flush(timeout_ms=10_000) == 0
+    finally:
+        rt.close()
+    assert rt.outbox_path == outbox_home / "warden" / "outbox-orders.sqlite"
+    assert stat.S_IMODE(rt.outbox_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(rt.outbox_path.parent.stat().st_mode) == 0o700
+    assert reports_in(rt.outbox_path) == []
+    assert len(lab_plant.events(kind="outcome", invocation_id=env.invocation_id)) == 1
+
+
+def test_a_runtime_without_an_outbox_file_still_reports_every_outcome(
+    lab_plant: Plant, lab: Lab, outbox_home: Path
+) -> None:
+    rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab, outbox=False)
+    try:
+        env = rt.invoke("orders.echo", {"n": 1}, actor=lab_plant.token())
+        assert rt.flush(timeout_ms=10_000) == 0
+    finally:
+        rt.close()
+    assert rt.outbox_path is None
+    assert not (outbox_home / "warden").exists()
+    assert len(lab_plant.events(kind="outcome", invocation_id=env.invocation_id)) == 1
+
+
 def reports_in(outbox: Path) -> list[str]:
     conn = sqlite3.connect(outbox)
     try:
