@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import os
 import random
@@ -35,10 +36,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from warden._errors import CapabilityError, WardenError
+from warden._tracing import trace_metadata
 from warden._transport import PlaneRefusedError, Transport
 from warden.v1 import governor_pb2
 
@@ -72,7 +75,7 @@ _REFUSED: Final = frozenset(
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS reports ("
     " invocation_id TEXT PRIMARY KEY, target TEXT NOT NULL, request BLOB NOT NULL,"
-    " written_at REAL NOT NULL, owner TEXT NOT NULL, refusal TEXT)",
+    " trace TEXT NOT NULL, written_at REAL NOT NULL, owner TEXT NOT NULL, refusal TEXT)",
     "CREATE INDEX IF NOT EXISTS reports_by_owner ON reports (owner)",
     "CREATE TABLE IF NOT EXISTS owners ("
     " owner TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, seen_at REAL NOT NULL)",
@@ -80,6 +83,15 @@ _SCHEMA: Final = (
 
 IdempotencyScope = tuple[str, str]
 """A capability id and an idempotency key."""
+Trace = tuple[tuple[str, str], ...]
+"""The trace context of the invocation a report ends, as gRPC metadata."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Report:
+    invocation_id: str
+    request: bytes
+    trace: Trace
 
 
 def default_outbox_path(service: str) -> Path:
@@ -115,12 +127,19 @@ class _ReportFile:
                 self._conn.execute(statement)
         self.heartbeat()  # before the first report: another process must not take it over
 
-    def put(self, invocation_id: str, request: bytes) -> None:
+    def put(self, report: _Report) -> None:
         with self._lock:
             self._conn.execute(
-                "INSERT OR REPLACE INTO reports (invocation_id, target, request, written_at, "
-                "owner) VALUES (?, ?, ?, ?, ?)",
-                (invocation_id, self.target, request, time.time(), self.owner),
+                "INSERT OR REPLACE INTO reports (invocation_id, target, request, trace, "
+                "written_at, owner) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    report.invocation_id,
+                    self.target,
+                    report.request,
+                    json.dumps(report.trace),
+                    time.time(),
+                    self.owner,
+                ),
             )
 
     def delete(self, invocation_ids: list[str]) -> None:
@@ -142,7 +161,7 @@ class _ReportFile:
                 (self.owner, self.host, os.getpid(), time.time()),
             )
 
-    def adopt(self) -> list[tuple[str, bytes]]:
+    def adopt(self) -> list[_Report]:
         """Take over this plane's reports whose writer is gone; returns them."""
         stale_before = time.time() - 3 * HEARTBEAT_S
         with self._lock:
@@ -160,14 +179,16 @@ class _ReportFile:
                 rows = self._conn.execute(
                     "UPDATE reports SET owner = ?, refusal = NULL WHERE target = ? AND owner != ? "
                     "AND owner NOT IN (SELECT owner FROM owners) "
-                    "RETURNING invocation_id, request",
+                    "RETURNING invocation_id, request, trace",
                     (self.owner, self.target, self.owner),
                 ).fetchall()
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
-        return [(str(i), bytes(r)) for i, r in rows]
+        return [
+            _Report(str(i), bytes(r), tuple((k, v) for k, v in json.loads(t))) for i, r, t in rows
+        ]
 
     def close(self) -> None:
         """Leave this process's reports to whoever runs next, and close."""
@@ -207,7 +228,7 @@ class Outbox:
         self._by_scope: dict[IdempotencyScope, concurrent.futures.Future[None]] = {}
         # Everything below belongs to the outbox's own event loop.
         self._loop = asyncio.new_event_loop()
-        self._due: deque[tuple[str, bytes]] = deque()
+        self._due: deque[_Report] = deque()
         self._sending = 0
         self._away_pause = AWAY_PAUSES_S[0]
         self._resume_at = 0.0
@@ -229,14 +250,14 @@ class Outbox:
     ) -> None:
         """Keep a report until the plane takes it (written before this returns)."""
         invocation_id = request.invocation_id
-        data = request.SerializeToString()
+        report = _Report(invocation_id, request.SerializeToString(), trace_metadata())
         taken = self._hold(invocation_id)
         with self._lock:
             if scope is not None:
                 self._by_scope[scope] = taken
                 taken.add_done_callback(lambda _: self._forget(scope, taken))
         try:
-            self._file.put(invocation_id, data)
+            self._file.put(report)
         except sqlite3.Error as exc:
             log.warning(
                 "the outcome of invocation %s is kept in memory only: the outbox %s "
@@ -246,7 +267,7 @@ class Outbox:
                 exc,
             )
         try:
-            self._loop.call_soon_threadsafe(self._enqueue, invocation_id, data)
+            self._loop.call_soon_threadsafe(self._enqueue, report)
         except RuntimeError:  # the loop is closed: the runtime was
             log.warning(
                 "the outcome of invocation %s was reported after the runtime was closed; "
@@ -302,9 +323,9 @@ class Outbox:
             return
         if leftovers:
             log.info("sending %d outcome reports an earlier run left", len(leftovers))
-        for invocation_id, data in leftovers:
-            self._hold(invocation_id)
-            self._loop.call_soon_threadsafe(self._enqueue, invocation_id, data)
+        for report in leftovers:
+            self._hold(report.invocation_id)
+            self._loop.call_soon_threadsafe(self._enqueue, report)
 
     def _forget(self, scope: IdempotencyScope, taken: concurrent.futures.Future[None]) -> None:
         with self._lock:
@@ -318,8 +339,8 @@ class Outbox:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _enqueue(self, invocation_id: str, data: bytes) -> None:
-        self._due.append((invocation_id, data))
+    def _enqueue(self, report: _Report) -> None:
+        self._due.append(report)
         self._pump()
 
     def _pump(self) -> None:
@@ -329,24 +350,24 @@ class Outbox:
             return
         limit = 1 if self._probing else SENDING_AT_ONCE
         while self._due and self._sending < limit:
-            invocation_id, data = self._due.popleft()
             self._sending += 1
-            self._spawn(self._send(invocation_id, data))
+            self._spawn(self._send(self._due.popleft()))
 
-    async def _send(self, invocation_id: str, data: bytes) -> None:
-        request = governor_pb2.CompleteRequest.FromString(data)
+    async def _send(self, report: _Report) -> None:
+        invocation_id = report.invocation_id
+        request = governor_pb2.CompleteRequest.FromString(report.request)
         try:
-            await self._transport.complete(request)
+            await self._transport.complete(request, report.trace)
         except CapabilityError as error:
             cause = error.cause
             code = cause.code if isinstance(cause, PlaneRefusedError) else "UNKNOWN"
             if code in _AWAY:
-                self._due.appendleft((invocation_id, data))
+                self._due.appendleft(report)
                 self._plane_away()
             elif code in _REFUSED:
                 self._refused(invocation_id, str(cause))
             else:
-                self._retry_later(invocation_id, data, str(cause))
+                self._retry_later(report, str(cause))
         else:
             self._took(invocation_id)
         finally:
@@ -393,7 +414,8 @@ class Outbox:
             log.warning("the outbox %s cannot be written (%s)", self.path, exc)
         self._settle(invocation_id)
 
-    def _retry_later(self, invocation_id: str, data: bytes, answer: str) -> None:
+    def _retry_later(self, report: _Report, answer: str) -> None:
+        invocation_id = report.invocation_id
         failures = self._failures[invocation_id] = self._failures.get(invocation_id, 0) + 1
         first, longest = REFUSED_PAUSES_S
         pause = min(first * 2 ** (failures - 1), longest)
@@ -403,7 +425,7 @@ class Outbox:
             answer,
             pause,
         )
-        self._loop.call_later(pause, self._enqueue, invocation_id, data)
+        self._loop.call_later(pause, self._enqueue, report)
 
     def _settle(self, invocation_id: str) -> None:
         with self._lock:

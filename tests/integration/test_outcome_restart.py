@@ -162,6 +162,9 @@ def test_an_idempotent_call_whose_report_outlived_a_restart_answers_its_outcome(
     try:
         assert second.flush(timeout_ms=30_000) == 0  # the earlier run's report, taken
         again = second.invoke("orders.ship", {"n": 7}, actor=actor, idempotency_key="ship-7")
+        records = list(
+            servers[-1].plane.store.audit_rows("invocation_id = :i", {"i": env.invocation_id})
+        )
     finally:
         second.close()
         servers[-1].stop(grace=0)
@@ -169,6 +172,9 @@ def test_an_idempotent_call_whose_report_outlived_a_restart_answers_its_outcome(
     assert again.output == EchoOut(n=7, note="shipment 1")
     assert shipped == [7]
     assert reports_in(outbox) == []
+    # The report kept the trace of its invocation through the file and the next run.
+    assert [r["kind"] for r in records] == ["decision", "outcome"]
+    assert records[0]["trace_id"] == records[1]["trace_id"]
 
 
 def test_the_default_outbox_is_a_file_per_service_for_its_owner_alone(
