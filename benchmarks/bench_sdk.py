@@ -2,8 +2,9 @@
 its own process.
 
 1. Overhead at one call in flight: ``Runtime.invoke`` of a trivial handler,
-   minus the handler's own time, is what governance adds to a call (Begin,
-   Complete, validation, two durable audit records). Reported beside the
+   minus the handler's own time, is what governance adds to a call (Begin and
+   its durable decision record, validation, the outcome report written to the
+   outbox; the outbox sends ``Complete`` in the background). Reported beside the
    baseline of a bare unary gRPC round trip (a health check) measured in the
    same run. Target: p50 overhead under ``OVERHEAD_P50_TARGET_MS``.
 2. Load: ``CONCURRENCY`` concurrent ``ainvoke`` calls on one asyncio event
@@ -93,11 +94,11 @@ def run(quick: bool = False) -> bool:
         )
         with plane(config_file) as target:
             bare, overhead, handler = _overhead(
-                target, actor, QUICK_SEQUENTIAL_CALLS if quick else SEQUENTIAL_CALLS
+                target, actor, QUICK_SEQUENTIAL_CALLS if quick else SEQUENTIAL_CALLS, root
             )
             concurrency = QUICK_CONCURRENCY if quick else CONCURRENCY
             duration = QUICK_DURATION_S if quick else DURATION_S
-            load = asyncio.run(_load(target, actor, concurrency, duration))
+            load = asyncio.run(_load(target, actor, concurrency, duration, root))
             verified = subprocess.run(
                 [*warden_command(), "audit", "verify", "--config", str(config_file)],
                 capture_output=True,
@@ -107,7 +108,9 @@ def run(quick: bool = False) -> bool:
     return _report(bare, overhead, handler, load, concurrency, duration, verified, quick)
 
 
-def _overhead(target: str, actor: str, calls: int) -> tuple[list[float], list[float], list[float]]:
+def _overhead(
+    target: str, actor: str, calls: int, folder: Path
+) -> tuple[list[float], list[float], list[float]]:
     """Bare round trips, and invoke latency minus handler time, at one in flight."""
     with grpc.insecure_channel(target) as channel:
         health = health_pb2_grpc.HealthStub(channel)
@@ -120,7 +123,7 @@ def _overhead(target: str, actor: str, calls: int) -> tuple[list[float], list[fl
             health.Check(check)
             bare.append(time.perf_counter() - started)
 
-    rt = _runtime(target)
+    rt = _runtime(target, folder)
     handler_seconds = [0.0]
 
     @rt.capability("bench.echo", input=Echo, output=Echo, side_effect="read")
@@ -148,9 +151,9 @@ def _overhead(target: str, actor: str, calls: int) -> tuple[list[float], list[fl
     return bare, overhead, handler
 
 
-async def _load(target: str, actor: str, concurrency: int, duration: float) -> Load:
+async def _load(target: str, actor: str, concurrency: int, duration: float, folder: Path) -> Load:
     """``concurrency`` callers, each invoking again as soon as its call returns."""
-    rt = _runtime(target)
+    rt = _runtime(target, folder)
 
     @rt.capability("bench.echo", input=Echo, output=Echo, side_effect="read")
     def echo(inp: Echo, ctx: warden.Context) -> Echo:
@@ -187,8 +190,11 @@ async def _load(target: str, actor: str, concurrency: int, duration: float) -> L
     return load
 
 
-def _runtime(target: str) -> warden.Runtime:
-    return warden.Runtime(target, service="bench", token=SERVICE_TOKEN)
+def _runtime(target: str, folder: Path) -> warden.Runtime:
+    """A runtime whose outbox is in the benchmark's own folder."""
+    return warden.Runtime(
+        target, service="bench", token=SERVICE_TOKEN, outbox=folder / "outbox-bench.sqlite"
+    )
 
 
 def _expect_success(envelope: warden.Envelope) -> None:

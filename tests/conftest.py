@@ -8,6 +8,7 @@ import os
 import shutil
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -51,6 +52,15 @@ def load_example(name: str = "orders") -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(autouse=True)
+def outbox_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The state folder of the test's runtimes, where their outboxes are by default
+    (``$XDG_STATE_HOME/warden/``): the test's own, never the user's."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
 
 
 PROCESSES = int(os.environ.get("WARDEN_TEST_PROCESSES", "1"))
@@ -112,7 +122,9 @@ class Plant:
     def rows(
         self, sql: str = "SELECT * FROM audit_events ORDER BY seq", params: tuple[Any, ...] = ()
     ) -> list[dict[str, Any]]:
-        """Read the store through a separate connection, as a security team would."""
+        """Read the store through a separate connection, as a security team would,
+        once the outcome reports of the test's runtimes have arrived."""
+        self.await_outcome_reports()
         conn = sqlite3.connect(self.db_path)
         conn.row_factory = sqlite3.Row
         try:
@@ -120,9 +132,33 @@ class Plant:
         finally:
             conn.close()
 
+    def await_outcome_reports(self, timeout_s: float = 10.0) -> None:
+        """Wait until the outboxes in the test's state folder (where runtimes keep
+        them by default) hold no report for this plane that it has not refused.
+
+        A runtime hands an outcome to its outbox and answers its caller at once;
+        the plane records it moments later. A plane that stays away is waited
+        for ``timeout_s`` at most, and the store is read as it is.
+        """
+        deadline = time.monotonic() + timeout_s
+        for outbox in sorted((self.tmp_path / "state" / "warden").glob("outbox-*.sqlite")):
+            while time.monotonic() < deadline and _reports_waiting(outbox, self.target):
+                time.sleep(0.005)
+
     def events(self, **where: Any) -> list[dict[str, Any]]:
         rows = self.rows()
         return [r for r in rows if all(r[k] == v for k, v in where.items())]
+
+
+def _reports_waiting(outbox: Path, target: str) -> int:
+    conn = sqlite3.connect(outbox, timeout=10)
+    try:
+        row = conn.execute(
+            "SELECT count(*) FROM reports WHERE target = ? AND refusal IS NULL", (target,)
+        ).fetchone()
+        return int(row[0])
+    finally:
+        conn.close()
 
 
 def one_process(request: pytest.FixtureRequest) -> dict[str, Any]:

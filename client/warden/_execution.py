@@ -1,5 +1,6 @@
 """One attempt of a call: ``Begin``, then the replay it answers with, or the
-handler within its time budget, its output checked, and ``Complete``.
+handler within its time budget, its output checked, and its outcome handed to
+the outbox, which reports it (``Complete``) while the caller goes on.
 
 An attempt never raises for a governed failure and answers cancellation with
 a ``cancelled`` envelope. Sensitive values (SI-5) are scrubbed here out of
@@ -15,7 +16,6 @@ import contextvars
 import functools
 import inspect
 import json
-import logging
 import threading
 import time
 import traceback
@@ -29,16 +29,12 @@ from warden._capability import CapabilitySpec
 from warden._context import Actor, Authorizer, Context, DeclaredErrors
 from warden._envelope import Envelope, Status
 from warden._errors import CapabilityError, WardenError
-from warden._transport import PlaneRefusedError, Transport
+from warden._outbox import IdempotencyScope, Outbox
+from warden._transport import Transport
 from warden.shared.canonical import compact_json
 from warden.shared.redaction import scrub_json, scrub_text, sensitive_texts
 from warden.shared.schema import strip_model_hidden, validation_issues
 from warden.v1 import errors_pb2, governor_pb2
-
-REPORT_RETRY_PAUSES_S = (0.05, 0.2, 1.0)
-"""Pauses between tries of an outcome report the plane could not take."""
-
-log = logging.getLogger("warden")
 
 _STATUSES: dict[int, Status] = {
     governor_pb2.OUTCOME_STATUS_SUCCEEDED: "succeeded",
@@ -51,15 +47,6 @@ class OutputInvalidError(Exception):
     """The handler's output broke its schema (a private cause: never shown to models)."""
 
 
-class CancelledAfterOutcome(Exception):
-    """The caller cancelled once the attempt's outcome was known: the outcome
-    stands (the handler's work is done), and no further attempt is made."""
-
-    def __init__(self, envelope: Envelope) -> None:
-        super().__init__(envelope.status)
-        self.envelope = envelope
-
-
 @dataclass(slots=True)
 class _Granted:
     """What one granted attempt knows while it runs."""
@@ -67,6 +54,8 @@ class _Granted:
     invocation_id: str
     token: str
     spec: CapabilitySpec | None
+    scope: IdempotencyScope | None
+    """The capability and idempotency key of the call, when it has a key."""
     started: float = field(default_factory=time.monotonic)
     secrets: frozenset[str] = frozenset()
     """The text of every sensitive value in the input (and output, once known)."""
@@ -78,24 +67,36 @@ class AttemptRunner:
     def __init__(
         self,
         transport: Transport,
+        outbox: Outbox,
         executor: concurrent.futures.Executor,
         authorizers: Sequence[Authorizer] = (),
+        *,
+        wait_s: float,
     ) -> None:
         self._authorizers = authorizers
         self._transport = transport
+        self._outbox = outbox
         self._executor = executor
+        self._wait_s = wait_s
 
     async def run(
         self, spec: CapabilitySpec | None, request: governor_pb2.BeginRequest
     ) -> Envelope:
         """One attempt of ``spec`` (None: a capability this runtime does not serve)."""
         invocation_id = request.invocation_id
+        scope = (
+            (request.capability_id, request.idempotency_key) if request.idempotency_key else None
+        )
+        if scope is not None:
+            # A repeat of a key this runtime just used is answered with that call's
+            # outcome (replayed) once the plane has it, not OPERATION_IN_PROGRESS.
+            await self._outbox.reported(scope, self._wait_s)
         begin = asyncio.ensure_future(self._transport.begin(request))
         try:
             response = await asyncio.shield(begin)
         except asyncio.CancelledError:
             uncancel()
-            return await self._cancelled_during_begin(spec, invocation_id, begin)
+            return await self._cancelled_during_begin(spec, invocation_id, scope, begin)
         except CapabilityError as error:
             return Envelope("failed", invocation_id, error=error)
         outcome = response.WhichOneof("outcome")
@@ -111,16 +112,17 @@ class AttemptRunner:
             )
         if outcome == "replay":
             return _replayed(spec, invocation_id, response.replay)
-        granted = _Granted(invocation_id, response.grant.token, spec)
+        granted = _Granted(invocation_id, response.grant.token, spec, scope)
         if spec is None:
             cause = WardenError(f"no handler for {request.capability_id} here")
-            return await self._report(granted, CapabilityError("INTERNAL_ERROR", cause=cause))
+            return self._report(granted, CapabilityError("INTERNAL_ERROR", cause=cause))
         return await self._execute(granted, spec, response.grant)
 
     async def _cancelled_during_begin(
         self,
         spec: CapabilitySpec | None,
         invocation_id: str,
+        scope: IdempotencyScope | None,
         begin: asyncio.Future[governor_pb2.BeginResponse],
     ) -> Envelope:
         # The plane may grant all the same. Wait for its answer and close a
@@ -132,8 +134,8 @@ class AttemptRunner:
         except CapabilityError:
             return Envelope("cancelled", invocation_id, error=cancelled)
         if response.WhichOneof("outcome") == "grant":
-            granted = _Granted(invocation_id, response.grant.token, spec)
-            return await self._report(granted, cancelled)
+            granted = _Granted(invocation_id, response.grant.token, spec, scope)
+            return self._report(granted, cancelled)
         return Envelope("cancelled", invocation_id, error=cancelled)
 
     async def _execute(
@@ -158,10 +160,10 @@ class AttemptRunner:
         except (ValidationError, ValueError) as exc:
             issues = _pydantic_issues(exc) if isinstance(exc, ValidationError) else []
             error = CapabilityError("INPUT_INVALID", details={"issues": issues}, cause=exc)
-            return await self._report(granted, error)
+            return self._report(granted, error)
         refusal = await self._authorize(spec, model, ctx)
         if refusal is not None:
-            return await self._report(granted, refusal)
+            return self._report(granted, refusal)
         # The plane granted the budget that applies: the capability's, or the
         # caller's when that is shorter.
         budget_s = grant.timeout_ms / 1000 if grant.timeout_ms else None
@@ -170,28 +172,28 @@ class AttemptRunner:
             result = await asyncio.wait_for(self._run(spec, model, ctx, ran), budget_s)
         except TimeoutError as exc:
             error = CapabilityError("TIMEOUT", cause=exc)
-            return await self._report(granted, error, executed=ran.is_set())
+            return self._report(granted, error, executed=ran.is_set())
         except asyncio.CancelledError:
             # The caller cancelled while the handler ran: the answer is an envelope
             # with status cancelled, reported like every other outcome.
             uncancel()
             error = CapabilityError("CANCELLED")
-            return await self._report(granted, error, executed=ran.is_set())
+            return self._report(granted, error, executed=ran.is_set())
         except CapabilityError as raised:
             declared = spec.errors.get(raised.code)
             if declared is not None and raised.expose_to_model:
-                return await self._report(granted, raised)
+                return self._report(granted, raised)
             error = CapabilityError("INTERNAL_ERROR", cause=raised)
-            return await self._report(granted, error, executed=True)
+            return self._report(granted, error, executed=True)
         except Exception as exc:
             error = CapabilityError("INTERNAL_ERROR", cause=exc)
-            return await self._report(granted, error, executed=True)
+            return self._report(granted, error, executed=True)
         try:
             output_json, output = _checked_output(spec, result, granted)
         except OutputInvalidError as exc:
             error = CapabilityError("OUTPUT_INVALID", cause=exc)
-            return await self._report(granted, error, executed=True)
-        return await self._report(granted, None, output_json=output_json, output=output)
+            return self._report(granted, error, executed=True)
+        return self._report(granted, None, output_json=output_json, output=output)
 
     async def _authorize(
         self, spec: CapabilitySpec, model: BaseModel, ctx: Context
@@ -231,7 +233,7 @@ class AttemptRunner:
         copy = contextvars.copy_context()
         return await loop.run_in_executor(self._executor, functools.partial(copy.run, call))
 
-    async def _report(
+    def _report(
         self,
         granted: _Granted,
         error: CapabilityError | None,
@@ -240,7 +242,7 @@ class AttemptRunner:
         output_json: Any = None,
         output: Any = None,
     ) -> Envelope:
-        """Step 14: report the outcome, then answer with the envelope."""
+        """Step 14: hand the outcome to the outbox, then answer with the envelope."""
         request = governor_pb2.CompleteRequest(
             invocation_id=granted.invocation_id,
             grant_token=granted.token,
@@ -262,45 +264,8 @@ class AttemptRunner:
             )
             request.failure.CopyFrom(error_to_proto(error))
             request.diagnostics.CopyFrom(_diagnostics(error.cause, granted.secrets))
-        # The report always finishes: an outcome the plane never hears of would
-        # leave the audit trail short and an idempotency key in doubt.
-        reporting = asyncio.ensure_future(self._report_outcome(request))
-        try:
-            await asyncio.shield(reporting)
-            cancelled_late = False
-        except asyncio.CancelledError:
-            uncancel()
-            await reporting
-            cancelled_late = True
-        envelope = _answer(granted, error, request.executed_before_failure, output_json, output)
-        if cancelled_late:
-            raise CancelledAfterOutcome(envelope)
-        return envelope
-
-    async def _report_outcome(self, request: governor_pb2.CompleteRequest) -> None:
-        """Report an outcome, trying again while the plane is briefly away.
-
-        The handler has run: losing its outcome would leave the audit log a
-        decision without an ending and turn an idempotency key ambiguous. A
-        report is safe to repeat; the plane refuses a second one for the same
-        invocation (ALREADY_EXISTS), which means an earlier try arrived.
-        """
-        for pause in (*REPORT_RETRY_PAUSES_S, None):
-            try:
-                await self._transport.complete(request)
-                return
-            except CapabilityError as report_error:
-                cause = report_error.cause
-                if isinstance(cause, PlaneRefusedError) and cause.code == "ALREADY_EXISTS":
-                    return
-                if not report_error.retryable or pause is None:
-                    log.error(
-                        "the outcome of invocation %s could not be reported: %s",
-                        request.invocation_id,
-                        cause,
-                    )
-                    return
-            await asyncio.sleep(pause)
+        self._outbox.submit(request, granted.scope)
+        return _answer(granted, error, request.executed_before_failure, output_json, output)
 
 
 def _answer(

@@ -3,9 +3,10 @@
 ``invoke`` runs a call as one or more attempts (``_execution``): each asks the
 plane for the pre-execution stages (``Begin``), runs the handler locally
 within its time budget, classifies what it raised, validates its output and
-reports the outcome (``Complete``). A failed attempt is retried only when
-that is honest (SI-11, ``_retry``). Governed failures come back as envelopes,
-never as exceptions.
+hands the outcome to the outbox (``_outbox``), which reports it (``Complete``)
+in the background until the plane has it. A failed attempt is retried only
+when that is honest (SI-11, ``_retry``). Governed failures come back as
+envelopes, never as exceptions.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import contextvars
 import functools
 import json
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -37,8 +40,9 @@ from warden._capability import (
 from warden._context import Authorizer
 from warden._envelope import Envelope
 from warden._errors import CapabilityError, WardenError
-from warden._execution import AttemptRunner, CancelledAfterOutcome, uncancel
+from warden._execution import AttemptRunner, uncancel
 from warden._grants import GrantKey
+from warden._outbox import Outbox, default_outbox_path
 from warden._retry import RetryPolicy, may_retry
 from warden._tracing import in_invocation_trace
 from warden._transport import Transport
@@ -114,8 +118,8 @@ async def _to_the_end(invocation: Coroutine[Any, Any, Envelope]) -> Envelope:
     ``cancelled`` and reports its outcome (SI-3). Hosts with level-triggered
     cancellation (anyio cancel scopes, as in Starlette or the MCP SDK) cancel
     again at every await; those repeats are absorbed here instead of cutting
-    the outcome report short. A cancellation that arrives before anything ran
-    still propagates.
+    the closing of a grant short. A cancellation that arrives before anything
+    ran still propagates.
     """
     task = asyncio.ensure_future(invocation)
     cancelled = False
@@ -152,6 +156,14 @@ class Runtime:
         retry: How calls retry by default (``RetryPolicy()``: up to three
             attempts); ``warden.NO_RETRY`` turns automatic retries off.
         tls: How to reach a plane that serves TLS (``warden.TLS``); plaintext when None.
+        outbox: Where outcome reports wait until the plane takes them. True (the
+            default): a file per service under the user's state folder
+            (``$XDG_STATE_HOME/warden/``, else ``~/.local/state/warden/``);
+            a path: that file; False: memory only, so reports the plane has not
+            taken when the process ends are lost.
+
+    Raises:
+        WardenError: the outbox file given cannot be opened.
     """
 
     def __init__(
@@ -164,11 +176,16 @@ class Runtime:
         max_handler_threads: int = 32,
         retry: RetryPolicy | None = None,
         tls: TLS | None = None,
+        outbox: bool | str | os.PathLike[str] = True,
     ) -> None:
         self.target = target
         self.service = service
         self.retry = retry or RetryPolicy()
-        self._transport = Transport(target, token, timeout_s=governance_timeout_ms / 1000, tls=tls)
+        self._wait_s = governance_timeout_ms / 1000
+        self._transport = Transport(target, token, timeout_s=self._wait_s, tls=tls)
+        # The outbox sends from a thread of its own, with connections of its own.
+        reporting = Transport(target, token, timeout_s=self._wait_s, tls=tls)
+        self._outbox = _open_outbox(reporting, service, outbox)
         self._capabilities: dict[str, CapabilitySpec] = {}
         self._versions: dict[str, str] = {}
         self._registered = False
@@ -176,7 +193,9 @@ class Runtime:
             max_workers=max_handler_threads, thread_name_prefix="warden-handler"
         )
         self._authorizers: list[Authorizer] = []
-        self._attempts = AttemptRunner(self._transport, self._executor, self._authorizers)
+        self._attempts = AttemptRunner(
+            self._transport, self._outbox, self._executor, self._authorizers, wait_s=self._wait_s
+        )
         self._loop_thread: _LoopThread | None = None
         self._loop_lock = threading.Lock()
 
@@ -383,10 +402,7 @@ class Runtime:
                     call_id=call.call_id,
                     attempt=attempt,
                 )
-            try:
-                envelope = await self._attempt(call, attempt)
-            except CancelledAfterOutcome as late:
-                return replace(late.envelope, call_id=call.call_id, attempt=attempt)
+            envelope = await self._attempt(call, attempt)
             if attempt >= call.retry.max_attempts or not may_retry(
                 envelope, side_effect, call.idempotency_key
             ):
@@ -510,8 +526,25 @@ class Runtime:
             loop_thread = self._loop_thread
         return loop_thread.run(coroutine)
 
+    @property
+    def outbox_path(self) -> Path | None:
+        """The outbox file (None: reports are kept in memory only)."""
+        return self._outbox.path
+
+    def flush(self, timeout_ms: int | None = None) -> int:
+        """Wait until the plane has taken every outcome report of this runtime
+        (or ``timeout_ms`` has passed); returns how many still wait."""
+        return self._outbox.flush(None if timeout_ms is None else timeout_ms / 1000)
+
+    async def aflush(self, timeout_ms: int | None = None) -> int:
+        """The async twin of ``flush``."""
+        return await asyncio.to_thread(self.flush, timeout_ms)
+
     def close(self) -> None:
-        """Close the connection and the handler threads."""
+        """Close the connection and the handler threads, after waiting (at most
+        ``governance_timeout_ms``) for the plane to take the outcome reports;
+        those it has not taken stay in the outbox for the next run."""
+        self._outbox.close(grace_s=self._wait_s)
         with self._loop_lock:
             loop_thread, self._loop_thread = self._loop_thread, None
         if loop_thread is not None:
@@ -528,6 +561,20 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _open_outbox(
+    transport: Transport, service: str, where: bool | str | os.PathLike[str]
+) -> Outbox:
+    if where is False:
+        return Outbox(transport, None)
+    if where is not True:
+        return Outbox(transport, Path(where))
+    try:
+        return Outbox(transport, default_outbox_path(service))
+    except WardenError as exc:
+        log.warning("%s; outcome reports are kept in memory only", exc)
+        return Outbox(transport, None)
 
 
 def _encode_input(value: Mapping[str, Any] | BaseModel | str) -> str:

@@ -110,12 +110,13 @@ class Transport:
         )
 
     async def complete(
-        self, request: governor_pb2.CompleteRequest
+        self, request: governor_pb2.CompleteRequest, trace: tuple[tuple[str, str], ...]
     ) -> governor_pb2.CompleteResponse:
+        """Complete, in the trace of its invocation (``trace_metadata()`` where it ran)."""
         stubs = self._for_loop()
         return await self._governed(
             lambda: stubs.governor.Complete(
-                request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
+                request, metadata=self._metadata + trace, timeout=self._timeout_s
             )
         )
 

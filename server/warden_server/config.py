@@ -161,7 +161,9 @@ class ServiceSection(_Section):
 
 class GrantsSection(_Section):
     signing_key_file: str | None = None
-    """PEM Ed25519 private key that signs grants; a fresh key per start when unset."""
+    """PEM Ed25519 private key that signs grants. When unset, the plane makes one
+    once beside the store (``<store>.grant-key``, mode 0600) and reuses it at
+    every start, so grants, and the outcomes reported with them, outlive a restart."""
     ttl_seconds: Annotated[int, Field(gt=0)] = 60
     """How long a grant stays valid beyond its handler's time budget."""
     verification_key_files: list[str] = []

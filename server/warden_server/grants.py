@@ -9,10 +9,17 @@ Rotation: the signing key signs; verification keys are published and accepted
 but never sign. To rotate, publish the new key as a verification key first,
 then make it the signing key and keep the old one as a verification key until
 the grants it signed have expired (their time budget plus ``grants.ttl_seconds``).
+
+Without a configured signing key the plane makes one once, beside the store
+(``default_key_path``), and signs with it at every start: a grant outlives a
+restart, so an outcome reported after one is still accepted.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +31,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from warden.shared import grant_token
 from warden.shared.grant_token import GrantClaims, GrantError
 
-__all__ = ["GrantClaims", "GrantError", "GrantSigner", "PublishedKey"]
+__all__ = ["GrantClaims", "GrantError", "GrantSigner", "PublishedKey", "default_key_path"]
+
+log = logging.getLogger(__name__)
+
+
+def default_key_path(store: Path) -> Path:
+    """Where the plane keeps the signing key it made itself: beside the store."""
+    return store.with_name(f"{store.name}.grant-key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,38 +71,28 @@ class GrantSigner:
             serialization.NoEncryption(),
         )
 
-    def with_signing_key(self, pem: bytes) -> GrantSigner:
-        """These verification keys, signing with ``pem`` (another process's key)."""
-        key = serialization.load_pem_private_key(pem, password=None)
-        assert isinstance(key, Ed25519PrivateKey)
-        return GrantSigner(key, list(self._keys.values()))
+    @classmethod
+    def from_pem(cls, pem: bytes, verification: Sequence[Path] = ()) -> GrantSigner:
+        """Signing with the PEM key ``pem`` (another process's), verifying with it
+        and the verification key files."""
+        return cls(_private_key(pem, "the signing key"), _verification_keys(verification))
 
     @classmethod
-    def from_files(cls, signing: Path | None, verification: Sequence[Path] = ()) -> GrantSigner:
-        """Load the PEM Ed25519 signing key (a fresh one when ``signing`` is None)
-        and the verification keys (PEM public keys, or private keys whose public
-        half is used).
+    def from_files(
+        cls, signing: Path, verification: Sequence[Path] = (), *, create: bool = False
+    ) -> GrantSigner:
+        """Load the PEM Ed25519 signing key and the verification keys (PEM public
+        keys, or private keys whose public half is used). With ``create``, a
+        missing signing key file is made first (``create_key_file``).
 
         Raises:
             ValueError: a file is not an Ed25519 key (the message names it).
-            OSError: a file cannot be read.
+            OSError: a file cannot be read (or, with ``create``, written).
         """
-        if signing is None:
-            private = Ed25519PrivateKey.generate()
-        else:
-            key = serialization.load_pem_private_key(signing.read_bytes(), password=None)
-            if not isinstance(key, Ed25519PrivateKey):
-                raise ValueError(
-                    f"{signing}: grants are signed with Ed25519; this is not an Ed25519 key"
-                )
-            private = key
-        published = []
-        for path in verification:
-            try:
-                published.append(grant_token.load_public_key(path.read_bytes()))
-            except ValueError as exc:
-                raise ValueError(f"{path}: not an Ed25519 verification key ({exc})") from None
-        return cls(private, published)
+        if create and not signing.exists():
+            create_key_file(signing)
+        private = _private_key(signing.read_bytes(), str(signing))
+        return cls(private, _verification_keys(verification))
 
     def published(self) -> list[PublishedKey]:
         """Every key a current grant may be signed with, the signing key first."""
@@ -108,3 +112,55 @@ class GrantSigner:
             GrantError: a bad signature, a foreign key or (when asked) an expired grant.
         """
         return grant_token.decode(token, self._keys, verify_expiry=verify_expiry)
+
+
+def create_key_file(path: Path) -> None:
+    """Make a fresh Ed25519 key at ``path``, readable by its owner alone (0600),
+    unless another process makes one there first.
+
+    The key is written whole to a temporary file beside ``path`` and linked into
+    place, which fails when ``path`` exists: two planes starting together on one
+    store both end up signing with the one key that was linked first.
+
+    Raises:
+        OSError: the folder cannot be written.
+    """
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(pem)
+            file.flush()
+            os.fsync(file.fileno())
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            return  # another process made it first: its key is the key
+    finally:
+        os.unlink(temporary)
+    log.info("made a grant signing key at %s", path)
+
+
+def _private_key(pem: bytes, source: str) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except ValueError as exc:
+        raise ValueError(f"{source}: not a PEM private key ({exc})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{source}: grants are signed with Ed25519; this is not an Ed25519 key")
+    return key
+
+
+def _verification_keys(paths: Sequence[Path]) -> list[Ed25519PublicKey]:
+    published = []
+    for path in paths:
+        try:
+            published.append(grant_token.load_public_key(path.read_bytes()))
+        except ValueError as exc:
+            raise ValueError(f"{path}: not an Ed25519 verification key ({exc})") from None
+    return published

@@ -15,7 +15,7 @@ from warden_server.audit.checkpoint import CheckpointKeyError, CheckpointSigner,
 from warden_server.auth.actors import ActorVerifier
 from warden_server.auth.services import ServiceAuthenticator
 from warden_server.config import Config
-from warden_server.grants import GrantSigner
+from warden_server.grants import GrantSigner, default_key_path
 from warden_server.policy.engine import PolicySet
 from warden_server.policy.loader import Problem
 from warden_server.registry import Registry
@@ -92,8 +92,8 @@ class PolicyHolder:
 @dataclass(frozen=True, slots=True)
 class ProcessSecrets:
     """What the processes of one plane must share beyond their config: the keys
-    it may have made at start (a fresh grant key, a fresh sealing key), so a
-    grant signed by one process is accepted by another."""
+    the first one read or made at start (the grant key, a fresh sealing key), so
+    a grant signed by one process is accepted by another."""
 
     grant_key_pem: str
     seal_key_hex: str
@@ -144,15 +144,18 @@ class Plane:
             ValueError, OSError: unreadable keys or store (a CheckpointKeyError is a
                 ValueError).
         """
-        key_file = config.grants.signing_key_file
-        grants = GrantSigner.from_files(
-            config.path(key_file) if key_file else None,
-            [config.path(f) for f in config.grants.verification_key_files],
-        )
+        verification = [config.path(f) for f in config.grants.verification_key_files]
         sealer = Sealer.from_secret(config.idempotency.replay_key)
         if secrets is not None:
-            grants = grants.with_signing_key(secrets.grant_key_pem.encode())
+            grants = GrantSigner.from_pem(secrets.grant_key_pem.encode(), verification)
             sealer = Sealer(bytes.fromhex(secrets.seal_key_hex))
+        else:
+            key_file = config.grants.signing_key_file
+            grants = GrantSigner.from_files(
+                config.path(key_file) if key_file else default_key_path(config.store_path),
+                verification,
+                create=key_file is None,
+            )
         hash_key = config.redaction.hash_key if config.redaction.mode == "keyed-hash" else None
         if config.idempotency.replay_key is None and not joined:
             log.warning(

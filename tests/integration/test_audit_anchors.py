@@ -28,6 +28,7 @@ def run(*args: str) -> tuple[int, str, str]:
 def populate(rt: warden.Runtime, plant: Plant) -> Path:
     for n in range(3):
         assert rt.invoke("orders.echo", {"n": n}, actor=plant.token()).status == "succeeded"
+    assert rt.flush(timeout_ms=10_000) == 0
     return plant.db_path
 
 

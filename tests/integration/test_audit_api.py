@@ -282,6 +282,7 @@ def test_the_audit_api_answers_private_diagnostics_to_auditors(
     lab_plant: Plant, lab_rt: Any
 ) -> None:
     env = lab_rt.invoke("orders.echo", {"n": 1, "note": "explode"}, actor=lab_plant.token())
+    assert lab_rt.flush(timeout_ms=10_000) == 0
     with grpc.insecure_channel(lab_plant.target) as channel:
         response = query(
             audit_pb2_grpc.AuditStub(channel),

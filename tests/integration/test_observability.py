@@ -45,6 +45,7 @@ def spans(lab_plant: Plant) -> InMemorySpanExporter:
 
 
 def sample(plant: Plant, name: str, **labels: str) -> float:
+    plant.await_outcome_reports()
     value = plant.server.plane.telemetry.metrics.registry.get_sample_value(name, labels)
     return value or 0.0
 

@@ -1,14 +1,12 @@
-"""An outcome is reported even when the plane is briefly away after the grant:
-the handler ran, so its ending must reach the audit log."""
+"""An outcome is reported even when the plane is away after the grant: the
+handler ran, so its ending must reach the audit log."""
 
 from __future__ import annotations
 
 import socket
+import stat
 import threading
 from pathlib import Path
-
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import warden
 from tests.conftest import ORDERS_TOKEN, make_config
@@ -26,18 +24,9 @@ def free_port() -> int:
 
 
 def test_an_outcome_reaches_a_plane_that_restarted_while_the_handler_ran(tmp_path: Path) -> None:
-    key = tmp_path / "grants.pem"
-    key.write_bytes(
-        Ed25519PrivateKey.generate().private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    base = make_config(tmp_path, write_lab_policies(tmp_path / "policies"))
-    config = base.model_copy(
-        update={"grants": base.grants.model_copy(update={"signing_key_file": str(key)})}
-    )
+    """With the default grant key, which the plane made beside the store and
+    signs with again after the restart, readable by its owner alone."""
+    config = make_config(tmp_path, write_lab_policies(tmp_path / "policies"))
     listen = f"127.0.0.1:{free_port()}"
     servers: list[Server] = [serve(Plane.from_config(config), listen)]
 
@@ -60,6 +49,7 @@ def test_an_outcome_reaches_a_plane_that_restarted_while_the_handler_ran(tmp_pat
         assert env.status == "succeeded", (env.error, env.error and env.error.cause)
         # The restarted plane serves before all its processes have joined.
         assert restarted.wait(timeout=30)
+        assert rt.flush(timeout_ms=30_000) == 0
         plane = servers[-1].plane
         records = [
             (r["kind"], r["status"])
@@ -67,6 +57,8 @@ def test_an_outcome_reaches_a_plane_that_restarted_while_the_handler_ran(tmp_pat
         ]
         assert records == [("decision", "granted"), ("outcome", "succeeded")]
         assert plane.store.get_invocation(env.invocation_id).state == "completed"  # type: ignore[union-attr]
+        key_file = tmp_path / "warden.db.grant-key"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     finally:
         rt.close()
         for server in servers[1:]:

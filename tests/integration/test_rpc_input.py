@@ -1013,7 +1013,9 @@ def test_complete_refuses_a_grant_for_another_invocation(
     assert_chain_intact(lab_plant)
 
 
-def test_complete_twice_is_already_exists(lab_plant: Plant, lab_stubs: Stubs) -> None:
+def test_complete_with_another_outcome_after_the_first_is_already_exists(
+    lab_plant: Plant, lab_stubs: Stubs
+) -> None:
     invocation_id, token = begin_grant(lab_stubs, lab_plant)
     lab_stubs.governor.Complete(complete_request(invocation_id, token), metadata=ORDERS, timeout=10)
     assert_refused(
@@ -1027,7 +1029,7 @@ def test_complete_twice_is_already_exists(lab_plant: Plant, lab_stubs: Stubs) ->
         ),
         ORDERS,
         grpc.StatusCode.ALREADY_EXISTS,
-        f"the outcome of {invocation_id} was already reported",
+        f"another outcome of {invocation_id} was already reported",
     )
     (row,) = lab_plant.events(kind="outcome")
     assert row["status"] == "succeeded"

@@ -3,6 +3,13 @@
 When the invocation holds an idempotency reservation, its outcome is recorded
 there for replay (the output sealed, never in clear), or the key is released
 when the failure changed nothing (see ``idempotency.records_for_replay``).
+
+A report is safe to repeat. The SDK repeats one whose answer it never heard
+(the plane went away meanwhile), so the same report again is answered with the
+record the first one made, and nothing is written twice; a different report
+for an invocation already completed is a conflict. Which report completed an
+invocation is decided in the store's write transaction, not by a read before
+it, so this holds between the processes of a plane too.
 """
 
 from __future__ import annotations
@@ -11,14 +18,14 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from warden.shared.canonical import canonical_json, compact_json, strict_loads
+from warden.shared.canonical import canonical_json, compact_json, digest, strict_loads
 from warden.shared.codes import STAGES
 from warden_server.audit.events import AuditEvent, now_iso
 from warden_server.auth.services import Service
 from warden_server.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from warden_server.grants import GrantError
 from warden_server.pipeline.idempotency import records_for_replay, replay_binding
-from warden_server.store import IdempotencyRecord, WriteTransaction
+from warden_server.store import IdempotencyRecord, InvocationRecord, WriteTransaction
 
 if TYPE_CHECKING:
     from warden_server.plane import Plane
@@ -54,14 +61,19 @@ class CompleteRequest:
     """When the plane stops working on this request (``time.monotonic()``)."""
 
 
+class _AlreadyCompleted(Exception):
+    """Another report completed the invocation first (its work is rolled back)."""
+
+
 def complete(plane: Plane, request: CompleteRequest) -> int:
-    """Append the outcome record; returns its sequence number.
+    """Append the outcome record; returns its sequence number (that of the
+    record already made, for a report made before).
 
     Raises:
         InvalidRequest: malformed fields.
         PermissionDenied: a forged grant, or another service's invocation (SI-7).
         NotFound: no such granted invocation.
-        Conflict: the outcome was already reported.
+        Conflict: another outcome was already reported.
     """
     _check_shape(request)
     try:
@@ -77,6 +89,9 @@ def complete(plane: Plane, request: CompleteRequest) -> int:
     invocation = plane.store.get_invocation(request.invocation_id)
     if invocation is None:
         raise NotFound(f"no granted invocation {request.invocation_id}")
+    report = report_digest(request)
+    if invocation.state == "completed":
+        return _repeated(invocation, report)
     capability = plane.registry.get(invocation.capability_id, invocation.capability_version)
     output = value = None
     if request.output_json:
@@ -123,13 +138,46 @@ def complete(plane: Plane, request: CompleteRequest) -> int:
 
     def work(tx: WriteTransaction) -> int:
         completed_at = now_iso()
-        if not tx.complete_invocation(invocation.invocation_id, completed_at):
-            raise Conflict(f"the outcome of {invocation.invocation_id} was already reported")
+        seq = tx.append_audit(event)
+        if not tx.complete_invocation(
+            invocation.invocation_id, completed_at, outcome_seq=seq, report_digest=report
+        ):
+            raise _AlreadyCompleted
         if reservation is not None:
             _settle(tx, reservation, request, completed_at, sealed)
-        return tx.append_audit(event)
+        return seq
 
-    return plane.store.transact(work, deadline=request.deadline)
+    try:
+        return plane.store.transact(work, deadline=request.deadline)
+    except _AlreadyCompleted:
+        completed = plane.store.get_invocation(invocation.invocation_id)
+        assert completed is not None
+        return _repeated(completed, report)
+
+
+def report_digest(request: CompleteRequest) -> str:
+    """What makes two reports the same report: everything they say of the outcome."""
+    failure = request.failure
+    return digest(
+        {
+            "status": request.status,
+            "failure": asdict(failure) if failure else None,
+            "output_json": request.output_json,
+            "executed_before_failure": request.executed_before_failure,
+            "cause_type": request.cause_type,
+            "cause_message": request.cause_message,
+            "stack": request.stack,
+            "duration_ms": request.duration_ms,
+        }
+    )
+
+
+def _repeated(invocation: InvocationRecord, report: str) -> int:
+    """The answer to a report for a completed invocation: the record the same
+    report made, or a conflict for another one."""
+    if invocation.outcome_seq is not None and invocation.outcome_digest == report:
+        return invocation.outcome_seq
+    raise Conflict(f"another outcome of {invocation.invocation_id} was already reported")
 
 
 def _settle(

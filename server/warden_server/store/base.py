@@ -59,8 +59,11 @@ class WriteTransaction(Protocol):
 
     def insert_invocation(self, record: InvocationRecord) -> None: ...
 
-    def complete_invocation(self, invocation_id: str, completed_at: str) -> bool:
-        """Mark a granted invocation completed; False if it was not ``granted``."""
+    def complete_invocation(
+        self, invocation_id: str, completed_at: str, *, outcome_seq: int, report_digest: str
+    ) -> bool:
+        """Mark a granted invocation completed by the report with this digest,
+        its outcome in record ``outcome_seq``; False if it was not ``granted``."""
         ...
 
     def insert_approval(self, record: ApprovalRecord) -> None: ...

@@ -243,6 +243,21 @@ def _m006_row_macs(db: sqlite_utils.Database) -> None:
         db.table(table).add_column("mac", str)
 
 
+def _m007_outcome_reports(db: sqlite_utils.Database) -> None:
+    """Which record holds each invocation's outcome, and a digest of the report
+    that made it: a report repeated after it was taken (its answer lost on the
+    way back) is answered with that record instead of a second one. Filled for
+    the outcomes already logged; their digests are unknown."""
+    table = db.table("invocations")
+    table.add_column("outcome_seq", int)
+    table.add_column("outcome_digest", str)
+    db.execute(
+        "UPDATE invocations SET outcome_seq = (SELECT max(seq) FROM audit_events a "
+        "WHERE a.invocation_id = invocations.invocation_id AND a.kind = 'outcome') "
+        "WHERE state = 'completed'"
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_approvals,
@@ -250,6 +265,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m004_audit,
     _m005_decided_invocations,
     _m006_row_macs,
+    _m007_outcome_reports,
 ]
 
 ROW_MACS_SINCE = MIGRATIONS.index(_m006_row_macs) + 1

@@ -39,6 +39,10 @@ class InvocationRecord:
     call_id: str | None = None
     """The logical call this attempt belongs to (SI-11)."""
     attempt: int | None = None
+    outcome_seq: int | None = None
+    """The audit record of the outcome, once reported."""
+    outcome_digest: str | None = None
+    """A digest of the report that made it (``pipeline.complete.report_digest``)."""
 
 
 @dataclass(frozen=True, slots=True)

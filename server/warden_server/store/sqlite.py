@@ -242,11 +242,13 @@ class SQLiteTransaction:
         except sqlite3.IntegrityError:
             raise Conflict(f"invocation id {record.invocation_id} was already granted") from None
 
-    def complete_invocation(self, invocation_id: str, completed_at: str) -> bool:
+    def complete_invocation(
+        self, invocation_id: str, completed_at: str, *, outcome_seq: int, report_digest: str
+    ) -> bool:
         cursor = self._conn.execute(
-            "UPDATE invocations SET state = 'completed', completed_at = ? "
-            "WHERE invocation_id = ? AND state = 'granted'",
-            (completed_at, invocation_id),
+            "UPDATE invocations SET state = 'completed', completed_at = ?, outcome_seq = ?, "
+            "outcome_digest = ? WHERE invocation_id = ? AND state = 'granted'",
+            (completed_at, outcome_seq, report_digest, invocation_id),
         )
         return bool(cursor.rowcount == 1)
 

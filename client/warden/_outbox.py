@@ -1,0 +1,452 @@
+"""The outbox: outcome reports kept until the plane takes them.
+
+Once a handler has run, losing its outcome would leave the audit log a
+decision without an ending and an idempotency key in doubt. So an attempt
+writes its report (the ``CompleteRequest``) to the outbox before the caller
+gets the envelope, and the caller does not wait for the plane: a thread of the
+runtime's own sends the report, and while the plane is away it tries again,
+with growing pauses, for as long as it takes. Sending a report twice is
+harmless: the plane answers a report it took before with the record it made.
+
+The outbox is a small SQLite file per service (or memory, when turned off).
+Every process of the service may share it. Each process sends the reports it
+wrote and says every few seconds that it lives. The reports of a process that
+ended, or stopped saying so, are taken over by another process or by the next
+run. Reports for another plane (another ``target``) wait for a runtime that
+talks to it. A report the plane refused (it did not know the invocation, or
+the grant) stays in the file with the plane's answer and is tried once more
+by the next run.
+
+Writes are not flushed to the disk one by one (``synchronous=NORMAL``): a
+report outlives the process being killed, not the machine losing power.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import random
+import re
+import socket
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from warden._errors import CapabilityError, WardenError
+from warden._tracing import trace_metadata
+from warden._transport import PlaneRefusedError, Transport
+from warden.v1 import governor_pb2
+
+log = logging.getLogger("warden")
+
+HEARTBEAT_S: Final = 5.0
+"""How often a process says it lives; three missed beats and its reports are taken over."""
+SENDING_AT_ONCE: Final = 64
+"""Reports in flight to the plane at one time."""
+AWAY_PAUSES_S: Final = (0.1, 2.0)
+"""The first and the longest pause while the plane does not answer."""
+REFUSED_PAUSES_S: Final = (1.0, 60.0)
+"""The first and the longest pause before retrying a report the plane failed on."""
+
+_AWAY: Final = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})
+"""The plane did not answer: every report waits."""
+_REFUSED: Final = frozenset(
+    {
+        "INVALID_ARGUMENT",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "UNAUTHENTICATED",
+        "FAILED_PRECONDITION",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+    }
+)
+"""The plane answered that it will not take this report: trying again now changes nothing."""
+
+_SCHEMA: Final = (
+    "CREATE TABLE IF NOT EXISTS reports ("
+    " invocation_id TEXT PRIMARY KEY, target TEXT NOT NULL, request BLOB NOT NULL,"
+    " trace TEXT NOT NULL, written_at REAL NOT NULL, owner TEXT NOT NULL, refusal TEXT)",
+    "CREATE INDEX IF NOT EXISTS reports_by_owner ON reports (owner)",
+    "CREATE TABLE IF NOT EXISTS owners ("
+    " owner TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, seen_at REAL NOT NULL)",
+)
+
+IdempotencyScope = tuple[str, str]
+"""A capability id and an idempotency key."""
+Trace = tuple[tuple[str, str], ...]
+"""The trace context of the invocation a report ends, as gRPC metadata."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Report:
+    invocation_id: str
+    request: bytes
+    trace: Trace
+
+
+def default_outbox_path(service: str) -> Path:
+    """A service's outbox under the user's state folder (XDG Base Directory)."""
+    state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", service)
+    return Path(state) / "warden" / f"outbox-{name}.sqlite"
+
+
+class _ReportFile:
+    """The reports on disk (or in memory), for one process and one plane."""
+
+    def __init__(self, path: Path | None, target: str) -> None:
+        self.path = path
+        self.target = target
+        self.host = socket.gethostname()
+        self.owner = f"{self.host}/{os.getpid()}/{os.urandom(6).hex()}"
+        if path is not None:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # SQLite keeps the mode
+        self._conn = sqlite3.connect(
+            ":memory:" if path is None else path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=10,
+        )
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute("PRAGMA secure_delete=ON")  # taken reports leave no trace
+            for statement in _SCHEMA:
+                self._conn.execute(statement)
+        self.heartbeat()  # before the first report: another process must not take it over
+
+    def put(self, report: _Report) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO reports (invocation_id, target, request, trace, "
+                "written_at, owner) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    report.invocation_id,
+                    self.target,
+                    report.request,
+                    json.dumps(report.trace),
+                    time.time(),
+                    self.owner,
+                ),
+            )
+
+    def delete(self, invocation_ids: list[str]) -> None:
+        with self._lock:
+            self._conn.executemany(
+                "DELETE FROM reports WHERE invocation_id = ?", [(i,) for i in invocation_ids]
+            )
+
+    def refuse(self, invocation_id: str, answer: str) -> None:
+        with self._lock:
+            self._conn.execute(
+                "UPDATE reports SET refusal = ? WHERE invocation_id = ?", (answer, invocation_id)
+            )
+
+    def heartbeat(self) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO owners (owner, host, pid, seen_at) VALUES (?, ?, ?, ?)",
+                (self.owner, self.host, os.getpid(), time.time()),
+            )
+
+    def adopt(self) -> list[_Report]:
+        """Take over this plane's reports whose writer is gone; returns them."""
+        stale_before = time.time() - 3 * HEARTBEAT_S
+        with self._lock:
+            owners = self._conn.execute(
+                "SELECT owner, host, pid, seen_at FROM owners WHERE owner != ?", (self.owner,)
+            ).fetchall()
+            gone = [
+                owner
+                for owner, host, pid, seen_at in owners
+                if seen_at < stale_before or (host == self.host and not _alive(pid))
+            ]
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.executemany("DELETE FROM owners WHERE owner = ?", [(o,) for o in gone])
+                rows = self._conn.execute(
+                    "UPDATE reports SET owner = ?, refusal = NULL WHERE target = ? AND owner != ? "
+                    "AND owner NOT IN (SELECT owner FROM owners) "
+                    "RETURNING invocation_id, request, trace",
+                    (self.owner, self.target, self.owner),
+                ).fetchall()
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return [
+            _Report(str(i), bytes(r), tuple((k, v) for k, v in json.loads(t))) for i, r, t in rows
+        ]
+
+    def close(self) -> None:
+        """Leave this process's reports to whoever runs next, and close."""
+        with self._lock:
+            self._conn.execute("DELETE FROM owners WHERE owner = ?", (self.owner,))
+            self._conn.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+class Outbox:
+    """Outcome reports waiting for the plane, and the thread that sends them.
+
+    Args:
+        transport: How to reach the plane.
+        path: The outbox file; None keeps reports in memory only.
+    """
+
+    def __init__(self, transport: Transport, path: Path | None) -> None:
+        self._transport = transport
+        try:
+            self._file = _ReportFile(path, transport.target)
+        except (OSError, sqlite3.Error) as exc:
+            raise WardenError(f"the outbox {path} cannot be opened: {exc}") from None
+        self.path = path
+        self._lock = threading.Lock()
+        self._waiting: dict[str, concurrent.futures.Future[None]] = {}
+        """Reports this process sent or will send, until the plane takes them."""
+        self._by_scope: dict[IdempotencyScope, concurrent.futures.Future[None]] = {}
+        # Everything below belongs to the outbox's own event loop.
+        self._loop = asyncio.new_event_loop()
+        self._due: deque[_Report] = deque()
+        self._sending = 0
+        self._away_pause = AWAY_PAUSES_S[0]
+        self._resume_at = 0.0
+        self._probing = False
+        self._failures: dict[str, int] = {}
+        self._taken: list[str] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="warden-outbox", daemon=True
+        )
+        self._thread.start()
+        self._take_over()  # what an earlier run left, before this one sends anything
+        self._loop.call_soon_threadsafe(self._spawn, self._keep_alive())
+
+    # -- the callers' side -------------------------------------------------
+
+    def submit(
+        self, request: governor_pb2.CompleteRequest, scope: IdempotencyScope | None = None
+    ) -> None:
+        """Keep a report until the plane takes it (written before this returns)."""
+        invocation_id = request.invocation_id
+        report = _Report(invocation_id, request.SerializeToString(), trace_metadata())
+        taken = self._hold(invocation_id)
+        with self._lock:
+            if scope is not None:
+                self._by_scope[scope] = taken
+                taken.add_done_callback(lambda _: self._forget(scope, taken))
+        try:
+            self._file.put(report)
+        except sqlite3.Error as exc:
+            log.warning(
+                "the outcome of invocation %s is kept in memory only: the outbox %s "
+                "cannot be written (%s)",
+                invocation_id,
+                self.path,
+                exc,
+            )
+        try:
+            self._loop.call_soon_threadsafe(self._enqueue, report)
+        except RuntimeError:  # the loop is closed: the runtime was
+            log.warning(
+                "the outcome of invocation %s was reported after the runtime was closed; "
+                "it is left %s",
+                invocation_id,
+                f"in {self.path} for the next run" if self.path else "unsent",
+            )
+
+    async def reported(self, scope: IdempotencyScope, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until the plane has taken the report of
+        this process's last call with this idempotency key, if one is waiting."""
+        with self._lock:
+            taken = self._by_scope.get(scope)
+        if taken is not None:
+            await asyncio.wait([asyncio.wrap_future(taken)], timeout=timeout_s)
+
+    def flush(self, timeout_s: float | None = None) -> int:
+        """Wait until the plane has taken every report this process holds, or
+        ``timeout_s`` has passed; returns how many still wait."""
+        with self._lock:
+            waiting = list(self._waiting.values())
+        _, left = concurrent.futures.wait(waiting, timeout=timeout_s)
+        return len(left)
+
+    def close(self, grace_s: float) -> int:
+        """Send what can be sent within ``grace_s``, then stop; returns how many
+        reports are left in the outbox for the next run."""
+        left = self.flush(grace_s)
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            self._file.close()
+        if left:
+            where = f"in {self.path}" if self.path else "in memory, and are lost"
+            log.warning("%d outcome reports the plane has not taken are left %s", left, where)
+        return left
+
+    def _hold(self, invocation_id: str) -> concurrent.futures.Future[None]:
+        """A report to wait for: settled when the plane takes (or refuses) it."""
+        taken: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._lock:
+            self._waiting[invocation_id] = taken
+        return taken
+
+    def _take_over(self) -> None:
+        """Send the reports of this service and plane whose writer is gone."""
+        try:
+            leftovers = self._file.adopt()
+        except sqlite3.Error as exc:
+            log.warning("the outbox %s cannot be read (%s)", self.path, exc)
+            return
+        if leftovers:
+            log.info("sending %d outcome reports an earlier run left", len(leftovers))
+        for report in leftovers:
+            self._hold(report.invocation_id)
+            self._loop.call_soon_threadsafe(self._enqueue, report)
+
+    def _forget(self, scope: IdempotencyScope, taken: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            if self._by_scope.get(scope) is taken:
+                del self._by_scope[scope]
+
+    # -- the outbox's own loop ---------------------------------------------
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self._loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _enqueue(self, report: _Report) -> None:
+        self._due.append(report)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Start sending what is due, unless the plane is away: then one report
+        at a time probes whether it is back."""
+        if self._loop.time() < self._resume_at:
+            return
+        limit = 1 if self._probing else SENDING_AT_ONCE
+        while self._due and self._sending < limit:
+            self._sending += 1
+            self._spawn(self._send(self._due.popleft()))
+
+    async def _send(self, report: _Report) -> None:
+        invocation_id = report.invocation_id
+        request = governor_pb2.CompleteRequest.FromString(report.request)
+        try:
+            await self._transport.complete(request, report.trace)
+        except CapabilityError as error:
+            cause = error.cause
+            code = cause.code if isinstance(cause, PlaneRefusedError) else "UNKNOWN"
+            if code in _AWAY:
+                self._due.appendleft(report)
+                self._plane_away()
+            elif code in _REFUSED:
+                self._refused(invocation_id, str(cause))
+            else:
+                self._retry_later(report, str(cause))
+        else:
+            self._took(invocation_id)
+        finally:
+            self._sending -= 1
+        self._pump()
+
+    def _plane_away(self) -> None:
+        if self._loop.time() < self._resume_at:
+            return  # another send already paused everything
+        pause = random.uniform(self._away_pause / 2, self._away_pause)  # noqa: S311 (jitter)
+        self._away_pause = min(self._away_pause * 2, AWAY_PAUSES_S[1])
+        self._probing = True
+        self._resume_at = self._loop.time() + pause
+        self._loop.call_later(pause, self._pump)
+
+    def _took(self, invocation_id: str) -> None:
+        self._probing = False
+        self._away_pause = AWAY_PAUSES_S[0]
+        self._failures.pop(invocation_id, None)
+        if not self._taken:
+            self._loop.call_soon(self._forget_taken)
+        self._taken.append(invocation_id)
+        self._settle(invocation_id)
+
+    def _forget_taken(self) -> None:
+        """Delete the reports taken meanwhile, in one write."""
+        taken, self._taken = self._taken, []
+        try:
+            self._file.delete(taken)
+        except sqlite3.Error as exc:
+            log.warning("the outbox %s cannot be written (%s)", self.path, exc)
+
+    def _refused(self, invocation_id: str, answer: str) -> None:
+        self._failures.pop(invocation_id, None)
+        log.error(
+            "the plane refused the outcome of invocation %s: %s; the report stays in the outbox%s",
+            invocation_id,
+            answer,
+            f" {self.path}" if self.path else "",
+        )
+        try:
+            self._file.refuse(invocation_id, answer)
+        except sqlite3.Error as exc:
+            log.warning("the outbox %s cannot be written (%s)", self.path, exc)
+        self._settle(invocation_id)
+
+    def _retry_later(self, report: _Report, answer: str) -> None:
+        invocation_id = report.invocation_id
+        failures = self._failures[invocation_id] = self._failures.get(invocation_id, 0) + 1
+        first, longest = REFUSED_PAUSES_S
+        pause = min(first * 2 ** (failures - 1), longest)
+        log.warning(
+            "the plane failed on the outcome of invocation %s (%s); trying again in %.0f s",
+            invocation_id,
+            answer,
+            pause,
+        )
+        self._loop.call_later(pause, self._enqueue, report)
+
+    def _settle(self, invocation_id: str) -> None:
+        with self._lock:
+            taken = self._waiting.pop(invocation_id, None)
+        if taken is not None:
+            taken.set_result(None)
+
+    async def _keep_alive(self) -> None:
+        """Say this process lives, and take over the reports of those that ended."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                self._file.heartbeat()
+            except sqlite3.Error as exc:
+                log.warning("the outbox %s cannot be written (%s)", self.path, exc)
+            self._take_over()
+
+    async def _shutdown(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._taken:
+            self._forget_taken()
+        await self._transport.aclose()
