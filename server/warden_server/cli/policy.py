@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -140,13 +141,15 @@ def _unchecked(capabilities: list[InputSchema] | None) -> list[str]:
     type=click.FloatRange(0, 100),
     default=0.0,
     show_default=True,
-    help="Fail below this percentage of rules exercised.",
+    help="Fail below this percentage of rules exercised and condition outcomes seen, together.",
 )
 def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverage: float) -> None:
     """Run the test cases in DIRECTORY/tests against the policies in DIRECTORY.
 
-    Prints a PASS/FAIL line per case, the rules no case made match, and a
-    summary; exits 1 on any failure, problem, or coverage below --min-coverage.
+    Prints a PASS/FAIL line per case, the rules no case made match, the
+    condition outcomes no case produced (each && and || operand, and each
+    condition, seen true and seen false), and a summary; exits 1 on any
+    failure, problem, or coverage below --min-coverage.
     """
     try:
         selector = re.compile(pattern) if pattern else None
@@ -180,20 +183,28 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
                 )
         click.echo(line)
     coverage = report.coverage * 100
+    # Rounded down: 99.6% never shows as the 100% it is not.
+    percent = f"{math.floor(coverage)}%"
     if as_json:
         click.echo(json.dumps({"summary": report.summary_json()}))
     else:
         if report.unexercised:
             click.echo("rules no test exercised: " + ", ".join(report.unexercised))
+        unseen = report.conditions.unseen()
+        if unseen:
+            click.echo("condition outcomes no test produced:")
+            for outcome in unseen:
+                click.echo(f"  {outcome}")
         summary = report.summary_json()
         click.echo(
-            f"{summary['passed']} passed, {summary['failed']} failed; rule coverage "
-            f"{coverage:.0f}% ({summary['exercised']}/{summary['rules']})"
+            f"{summary['passed']} passed, {summary['failed']} failed; coverage "
+            f"{percent} (rules {summary['exercised']}/{summary['rules']}, "
+            f"condition outcomes {summary['outcomes_seen']}/{summary['outcomes']})"
         )
     if not report.cases:
         click.echo("no test cases found" + (f" matching {pattern!r}" if pattern else ""), err=True)
     if coverage < min_coverage:
-        click.echo(f"rule coverage {coverage:.0f}% is below {min_coverage:g}%", err=True)
+        click.echo(f"coverage {percent} is below {min_coverage:g}%", err=True)
     if not report.ok or coverage < min_coverage:
         raise SystemExit(1)
 
