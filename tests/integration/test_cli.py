@@ -575,7 +575,7 @@ tests:
     # The case also makes the audit-mode rollout rule match: 2 of 7.
     assert "coverage 38% (rules 2/7, condition outcomes 10/24)" in result.stdout
     assert (
-        "orders.yaml:34: agent-refunds-over-100-need-approval: "
+        "orders.yaml:40: agent-refunds-over-100-need-approval: "
         "operand `input.amount > 100` never false"
     ) in result.stdout
 

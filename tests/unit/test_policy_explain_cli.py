@@ -51,15 +51,16 @@ def test_explain_shows_every_rule_its_value_and_the_precedence_that_decided() ->
         "orders.refund called by bot-7 (roles: support; tenant: acme)",
         "hide rules: none",
         "policy rules:",
-        f"  support-may-refund                    allow             true   {rules}:11",
+        f"  support-may-refund                    allow             true   {rules}:17",
+        # Variables and constants are shown written out, as evaluated.
         '                                        when: "support" in actor.roles || '
-        '"manager" in actor.roles',
-        f"  refunds-over-500-need-a-manager       require_approval  true   {rules}:16",
+        '("manager" in actor.roles)',
+        f"  refunds-over-500-need-a-manager       require_approval  true   {rules}:22",
         '                                        when: input.amount > 500 && !("manager" in '
         "actor.roles)",
-        f"  no-refunds-above-10000                deny              false  {rules}:24",
+        f"  no-refunds-above-10000                deny              false  {rules}:30",
         "                                        when: input.amount > 10000",
-        f"  agent-refunds-over-100-need-approval  require_approval  true   {rules}:34"
+        f"  agent-refunds-over-100-need-approval  require_approval  true   {rules}:40"
         "  (audit mode: recorded, not enforced)",
         '                                        when: actor.id.startsWith("bot-") && '
         "input.amount > 100",
