@@ -498,8 +498,9 @@ def test_policy_test_passes_the_example_suite_with_full_coverage() -> None:
     result = run("policy", "test", str(EXAMPLE_POLICIES))
     assert result.exit_code == 0, result.output
     assert "FAIL" not in result.stdout
-    assert "0 failed; rule coverage 100% (7/7)" in result.stdout
+    assert "0 failed; coverage 100% (rules 7/7, condition outcomes 24/24)" in result.stdout
     assert "rules no test exercised" not in result.stdout
+    assert "condition outcomes no test produced" not in result.stdout
 
 
 def test_policy_test_exits_1_on_a_failing_case_and_says_which(tmp_path: Path) -> None:
@@ -572,7 +573,11 @@ tests:
     assert "rules no test exercised: " in result.stdout
     assert "admins-may-export" in result.stdout
     # The case also makes the audit-mode rollout rule match: 2 of 7.
-    assert "rule coverage 29% (2/7)" in result.stdout
+    assert "coverage 38% (rules 2/7, condition outcomes 10/24)" in result.stdout
+    assert (
+        "orders.yaml:40: agent-refunds-over-100-need-approval: "
+        "operand `input.amount > 100` never false"
+    ) in result.stdout
 
 
 # -- audit verify / query ------------------------------------------------------------------

@@ -31,9 +31,11 @@ def test_semantics_suite_passes_and_an_erroring_rule_is_not_covered() -> None:
     message_expr fallback, as policy test data (tests/testdata/policy_semantics).
     The rule that fails closed never matches (it can only fail), so it is the
     one rule no case covers."""
-    result = warden("policy", "test", str(SEMANTICS), "--min-coverage", "88")
+    result = warden("policy", "test", str(SEMANTICS), "--min-coverage", "85")
     assert result.exit_code == 0, result.output
-    assert "11 passed, 0 failed; rule coverage 89% (8/9)" in result.output
+    assert (
+        "11 passed, 0 failed; coverage 85% (rules 8/9, condition outcomes 22/26)" in result.output
+    )
     assert "rules no test exercised: lab-broken-rule" in result.output
     assert "FAIL" not in result.output
 
@@ -41,7 +43,7 @@ def test_semantics_suite_passes_and_an_erroring_rule_is_not_covered() -> None:
 def test_example_policies_pass_with_full_coverage() -> None:
     result = warden("policy", "test", str(EXAMPLES), "--min-coverage", "100")
     assert result.exit_code == 0, result.output
-    assert "0 failed; rule coverage 100%" in result.output
+    assert "0 failed; coverage 100% (rules 7/7, condition outcomes 24/24)" in result.output
 
 
 def test_default_effect_applies_when_no_rule_matches() -> None:
@@ -73,13 +75,13 @@ def test_run_selects_cases_and_coverage_reports_unexercised_rules() -> None:
     assert result.exit_code == 0, result.output
     assert result.output.count("PASS") == 1
     assert "rules no test exercised: lab-readers, lab-big-needs-approval," in result.output
-    assert "rule coverage 11% (1/9)" in result.output
+    assert "coverage 5% (rules 1/9, condition outcomes 1/26)" in result.output
 
 
 def test_coverage_below_the_minimum_exits_1() -> None:
     result = warden("policy", "test", str(SEMANTICS), "--run", "hide beats", "--min-coverage", "50")
     assert result.exit_code == 1
-    assert "rule coverage 11% is below 50%" in result.output
+    assert "coverage 5% is below 50%" in result.output
 
 
 def test_json_output_is_one_object_per_case_then_a_summary() -> None:
@@ -132,3 +134,72 @@ def test_check_passes_on_the_examples_and_counts_the_tests() -> None:
     result = warden("policy", "check", str(SEMANTICS))
     assert result.exit_code == 0, result.output
     assert "ok: 9 rules in 1 file, 11 test cases" in result.output
+
+
+CONDITIONS = """\
+rules:
+  - id: support-or-small-manager-refunds
+    capabilities: ["orders.refund"]
+    effect: allow
+    when: '"support" in actor.roles || ("manager" in actor.roles && input.amount < 1000)'
+"""
+
+
+def case(name: str, roles: list[str], input: dict[str, object], effect: str) -> str:
+    return (
+        f"  - name: {name}\n    capability: orders.refund\n"
+        f"    actor: {{id: a, roles: {json.dumps(roles)}}}\n"
+        f"    input: {json.dumps(input)}\n    expect: {{effect: {effect}}}\n"
+    )
+
+
+def condition_folder(tmp_path: Path, *cases: str) -> Path:
+    folder = tmp_path / "policies"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "rules.yaml").write_text(CONDITIONS)
+    (folder / "tests" / "cases.yaml").write_text("tests:\n" + "".join(cases))
+    return folder
+
+
+def test_condition_coverage_needs_each_operand_seen_true_and_false(tmp_path: Path) -> None:
+    """Rule coverage alone is 100% here; the operands are not: each of them,
+    and the condition, must be seen true and seen false."""
+    support = case("support refunds", ["support"], {"amount": 5}, "allow")
+    folder = condition_folder(tmp_path, support)
+    result = warden("policy", "test", str(folder), "--min-coverage", "100")
+    assert result.exit_code == 1
+    rules = f"{folder}/rules.yaml:2: support-or-small-manager-refunds"
+    assert result.output.splitlines()[1:7] == [
+        "condition outcomes no test produced:",
+        f"  {rules}: the condition `{CONDITIONS.split(chr(39))[1]}` never false",
+        f'  {rules}: operand `"support" in actor.roles` never false',
+        f'  {rules}: operand `("manager" in actor.roles && input.amount < 1000)` never true',
+        f'  {rules}: operand `"manager" in actor.roles` never true',
+        f"  {rules}: operand `input.amount < 1000` never false",
+    ]
+    assert "coverage 54% (rules 1/1, condition outcomes 5/10)" in result.output
+    assert "coverage 54% is below 100%" in result.output
+
+    folder = condition_folder(
+        tmp_path / "full",
+        support,
+        case("a small manager refund", ["manager"], {"amount": 5}, "allow"),
+        case("a big manager refund", ["manager"], {"amount": 5000}, "deny"),
+    )
+    result = warden("policy", "test", str(folder), "--min-coverage", "100")
+    assert result.exit_code == 0, result.output
+    assert "coverage 100% (rules 1/1, condition outcomes 10/10)" in result.output
+
+
+def test_a_case_in_which_the_rule_fails_counts_no_condition_outcome(tmp_path: Path) -> None:
+    """Without an amount the rule fails for a manager: although its first
+    operand was false and the second true, that case counts for nothing."""
+    folder = condition_folder(
+        tmp_path, case("a manager refund without an amount", ["manager"], {}, "error")
+    )
+    result = warden("policy", "test", str(folder), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.splitlines()[-1])["summary"]
+    assert (summary["exercised"], summary["outcomes_seen"], summary["outcomes"]) == (0, 0, 10)
+    assert summary["coverage"] == 0.0
+    assert len(summary["unseen_outcomes"]) == 5

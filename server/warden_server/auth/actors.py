@@ -143,7 +143,7 @@ class ActorVerifier:
                 "not a valid JWT for this plane",
             )
             raise AuthenticationError(f"actor token rejected: {reason}") from None
-        return _actor_from_claims(claims), claims
+        return actor_from_claims(claims), claims
 
 
 _REJECTIONS: dict[type[Exception], str] = {
@@ -169,7 +169,12 @@ def _public_key(path: Path) -> _VerificationKey:
     raise ValueError(f"{path}: actor keys must be RSA (RS256) or P-256 EC (ES256)")
 
 
-def _actor_from_claims(claims: Mapping[str, Any]) -> Actor:
+def actor_from_claims(claims: Mapping[str, Any]) -> Actor:
+    """The actor that verified claims describe.
+
+    Raises:
+        AuthenticationError: the claims do not describe an actor.
+    """
     subject = claims.get("sub")
     roles = claims.get("roles", [])
     tenant = claims.get("tenant", "")

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import click
 import grpc
 
+from warden.shared.schema import InvalidSchemaError, compile_validator, validation_issues
 from warden.shared.tls import sync_channel
 from warden.v1 import policy_pb2, policy_pb2_grpc
+from warden_server.auth.actors import AuthenticationError, actor_from_claims
 from warden_server.cli.common import TARGET_OPTION, open_store_file, rpc_refused
 from warden_server.cli.common import tls_credentials as _tls_credentials
 from warden_server.errors import InvalidRequest
 from warden_server.policy import typecheck
 from warden_server.policy.engine import PolicySet
+from warden_server.policy.explain import Explanation, explain
 from warden_server.policy.inputs import InputSchema, schemas_from_snapshot
 from warden_server.policy.loader import PolicyLoadError, Problem, load_policies
-from warden_server.policy.model import json_schema
+from warden_server.policy.model import json_schema, parse_timestamp
 from warden_server.policy.serving import evaluator_for
 from warden_server.policy.testing import load_test_cases, run_policy_tests
 from warden_server.registry import CapabilityDefinition, Registry
@@ -47,20 +52,24 @@ def policy() -> None:
     """Check, test and inspect policy files."""
 
 
-@policy.command("check")
-@DIRECTORY
-@click.option(
+SNAPSHOT_OPTION = click.option(
     "--capabilities",
     "snapshot",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     help="A capabilities snapshot (JSON, from `warden policy capabilities --out`) "
     f"to check inputs against; DIRECTORY/{SNAPSHOT} is used when present.",
 )
-@click.option(
+STORE_OPTION = click.option(
     "--store",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Check inputs against the capabilities registered in this SQLite store.",
 )
+
+
+@policy.command("check")
+@DIRECTORY
+@SNAPSHOT_OPTION
+@STORE_OPTION
 @TARGET
 @TOKEN
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per problem.")
@@ -81,9 +90,7 @@ def policy_check(
     in that order; without any of them, input is not checked, and the
     output says so.
     """
-    if snapshot is None and store is None and target is None:
-        beside = directory / SNAPSHOT
-        snapshot = beside if beside.is_file() else None
+    snapshot = _snapshot_beside(directory, snapshot, store, target)
     capabilities, origin = _capabilities(snapshot, store, target, token)
     problems: list[Problem] = []
     policies: PolicySet | None = None
@@ -140,13 +147,15 @@ def _unchecked(capabilities: list[InputSchema] | None) -> list[str]:
     type=click.FloatRange(0, 100),
     default=0.0,
     show_default=True,
-    help="Fail below this percentage of rules exercised.",
+    help="Fail below this percentage of rules exercised and condition outcomes seen, together.",
 )
 def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverage: float) -> None:
     """Run the test cases in DIRECTORY/tests against the policies in DIRECTORY.
 
-    Prints a PASS/FAIL line per case, the rules no case made match, and a
-    summary; exits 1 on any failure, problem, or coverage below --min-coverage.
+    Prints a PASS/FAIL line per case, the rules no case made match, the
+    condition outcomes no case produced (each && and || operand, and each
+    condition, seen true and seen false), and a summary; exits 1 on any
+    failure, problem, or coverage below --min-coverage.
     """
     try:
         selector = re.compile(pattern) if pattern else None
@@ -180,22 +189,181 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
                 )
         click.echo(line)
     coverage = report.coverage * 100
+    # Rounded down: 99.6% never shows as the 100% it is not.
+    percent = f"{math.floor(coverage)}%"
     if as_json:
         click.echo(json.dumps({"summary": report.summary_json()}))
     else:
         if report.unexercised:
             click.echo("rules no test exercised: " + ", ".join(report.unexercised))
+        unseen = report.conditions.unseen()
+        if unseen:
+            click.echo("condition outcomes no test produced:")
+            for outcome in unseen:
+                click.echo(f"  {outcome}")
         summary = report.summary_json()
         click.echo(
-            f"{summary['passed']} passed, {summary['failed']} failed; rule coverage "
-            f"{coverage:.0f}% ({summary['exercised']}/{summary['rules']})"
+            f"{summary['passed']} passed, {summary['failed']} failed; coverage "
+            f"{percent} (rules {summary['exercised']}/{summary['rules']}, "
+            f"condition outcomes {summary['outcomes_seen']}/{summary['outcomes']})"
         )
     if not report.cases:
         click.echo("no test cases found" + (f" matching {pattern!r}" if pattern else ""), err=True)
     if coverage < min_coverage:
-        click.echo(f"rule coverage {coverage:.0f}% is below {min_coverage:g}%", err=True)
+        click.echo(f"coverage {percent} is below {min_coverage:g}%", err=True)
     if not report.ok or coverage < min_coverage:
         raise SystemExit(1)
+
+
+def _json_option(value: str | None, option: str, *, mapping: bool) -> Any:
+    if value is None:
+        return {}
+    try:
+        data = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
+    if mapping and not isinstance(data, dict):
+        raise click.BadParameter("must be a JSON object", param_hint=option)
+    return data
+
+
+@policy.command("explain")
+@DIRECTORY
+@click.option("--capability", "capability_id", required=True, help="The capability id called.")
+@click.option("--input", "input_json", default="{}", show_default=True, help="The input, as JSON.")
+@click.option(
+    "--actor-claims",
+    "claims_json",
+    required=True,
+    help='The actor\'s verified JWT claims, as JSON: {"sub": "bot-7", "roles": ["support"]}.',
+)
+@click.option("--context", "context_json", help="The caller's context, as JSON.")
+@click.option("--now", help="The time of the decision (RFC 3339); the present when absent.")
+@click.option(
+    "--default-effect",
+    type=click.Choice(["deny", "allow"]),
+    default="deny",
+    show_default=True,
+    help="The decision when no rule matches ([server] default_effect).",
+)
+@SNAPSHOT_OPTION
+@STORE_OPTION
+@TARGET
+@TOKEN
+@click.option("--json", "as_json", is_flag=True, help="The explanation as one JSON object.")
+def policy_explain(
+    directory: Path,
+    capability_id: str,
+    input_json: str,
+    claims_json: str,
+    context_json: str | None,
+    now: str | None,
+    default_effect: Literal["allow", "deny"],
+    snapshot: Path | None,
+    store: Path | None,
+    target: str | None,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Show how the policies in DIRECTORY decide one request, offline: every
+    rule considered, its condition's value or error, and the decision with
+    the precedence that chose it (hide > deny > require_approval > allow; no
+    match means the default effect).
+
+    The capability and its input schema come from the same sources as for
+    `check` (--target, --store, --capabilities, DIRECTORY/capabilities.json);
+    with one, the input is validated as the plane would before policy.
+    """
+    value = _json_option(input_json, "--input", mapping=False)
+    claims = _json_option(claims_json, "--actor-claims", mapping=True)
+    context = _json_option(context_json, "--context", mapping=True)
+    try:
+        actor = actor_from_claims(claims).to_cel()
+    except AuthenticationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--actor-claims") from None
+    try:
+        moment = parse_timestamp(now) if now else datetime.now(UTC)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--now") from None
+    snapshot = _snapshot_beside(directory, snapshot, store, target)
+    records, origin = _capability_records(snapshot, store, target, token)
+    schemas = schemas_from_snapshot(records) if records is not None else None
+    try:
+        policies = load_policies(
+            directory,
+            default_effect=default_effect,
+            evaluator=evaluator_for("cel-cpp"),
+            capabilities=schemas or (),
+        )
+    except PolicyLoadError as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(1) from None
+    capability: dict[str, Any] = {"id": capability_id, "version": "", "service": ""}
+    capability.update(side_effect="write", tags=[])
+    issues: list[dict[str, str]] = []
+    if records is not None:
+        record = next((r for r in records if r.get("id") == capability_id), None)
+        if record is None:
+            raise click.ClickException(f"{capability_id}: no such capability in the {origin}")
+        for key in ("version", "service", "side_effect", "tags"):
+            if key in record:
+                capability[key] = record[key]
+        try:
+            validator = compile_validator(record["input_schema"])
+        except InvalidSchemaError as exc:
+            raise click.ClickException(f"{capability_id}: input schema: {exc}") from None
+        issues = [i.to_json() for i in validation_issues(validator, value)]
+    explanation = explain(
+        policies,
+        capability=capability,
+        actor=actor,
+        input=value,
+        context=context,
+        now=moment,
+        input_issues=issues,
+    )
+    if as_json:
+        click.echo(json.dumps(explanation.to_json()))
+    else:
+        _print_explanation(explanation, actor)
+    if records is None:
+        click.echo(
+            "not checked: the input against the capability's schema, for want of one "
+            f"(give --target and --token, --store, or keep DIRECTORY/{SNAPSHOT})",
+            err=True,
+        )
+
+
+def _print_explanation(explanation: Explanation, actor: dict[str, Any]) -> None:
+    capability = explanation.capability
+    version = f" v{capability['version']}" if capability.get("version") else ""
+    click.echo(
+        f"{capability['id']}{version} called by {actor['id']} "
+        f"(roles: {', '.join(actor['roles']) or 'none'}; tenant: {actor['tenant'] or 'none'})"
+    )
+    width = max((len(r.id) for r in explanation.rules), default=0)
+    for stage, title in (("visibility", "hide rules"), ("policy", "policy rules")):
+        lines = [r for r in explanation.rules if r.stage == stage]
+        reached = stage == "visibility" or explanation.effect not in ("hide", "invalid")
+        click.echo(f"{title}:" if lines else f"{title}: {'none' if reached else 'not reached'}")
+        for r in lines:
+            outcome = "error" if r.error else str(r.value).lower()
+            audit = "  (audit mode: recorded, not enforced)" if r.mode == "audit" else ""
+            click.echo(f"  {r.id:<{width}}  {r.effect:<16}  {outcome:<5}  {r.where}{audit}")
+            click.echo(f"  {'':<{width}}  when: {r.when}")
+            if r.error:
+                click.echo(f"  {'':<{width}}  error: {r.error}")
+    for issue in explanation.input_issues:
+        click.echo(f"input: {issue['path'] or '(the input)'}: {issue['message']}")
+    by = f", by {explanation.rule}" if explanation.rule else ""
+    click.echo(f"decision: {explanation.effect}{by}")
+    click.echo(f"  why: {explanation.reason}")
+    if explanation.message:
+        click.echo(f"  message: {explanation.message}")
+    if explanation.would_have:
+        shadow = explanation.would_have
+        by = f", by {shadow['rule']}" if shadow.get("rule") else ""
+        click.echo(f"  with the audit-mode rules enforced: {shadow['effect']}{by}")
 
 
 @policy.command("status")
@@ -257,10 +425,8 @@ def policy_capabilities(
     `warden policy check` type-check inputs offline (in CI, say)."""
     if (store is None) == (target is None):
         raise click.UsageError("give exactly one of --store or --target")
-    snapshot = [
-        {**definition.to_json(), "service": service}
-        for definition, service in _registered(store, target, token)
-    ]
+    snapshot, _ = _capability_records(None, store, target, token)
+    assert snapshot is not None
     text = json.dumps({"capabilities": snapshot}, indent=2, sort_keys=True)
     if out is None:
         click.echo(text)
@@ -280,26 +446,48 @@ def policy_schema(for_tests: bool) -> None:
     click.echo(json.dumps(json_schema(tests=for_tests), indent=2))
 
 
+def _snapshot_beside(
+    directory: Path, snapshot: Path | None, store: Path | None, target: str | None
+) -> Path | None:
+    """The snapshot to read: the one given, or DIRECTORY/capabilities.json
+    when no source at all was given and it exists."""
+    if snapshot is None and store is None and target is None:
+        beside = directory / SNAPSHOT
+        return beside if beside.is_file() else None
+    return snapshot
+
+
 def _capabilities(
     snapshot: Path | None, store: Path | None, target: str | None, token: str | None
 ) -> tuple[list[InputSchema] | None, str]:
     """The input schemas to check against, from whichever source was given,
     and where they came from."""
+    records, origin = _capability_records(snapshot, store, target, token)
+    return (schemas_from_snapshot(records) if records is not None else None), origin
+
+
+def _capability_records(
+    snapshot: Path | None, store: Path | None, target: str | None, token: str | None
+) -> tuple[list[dict[str, Any]] | None, str]:
+    """The capabilities (as snapshot entries) from whichever source was
+    given, and where they came from; None when no source was given."""
     given = [x for x in (snapshot, store, target) if x is not None]
     if len(given) > 1:
         raise click.UsageError("give at most one of --capabilities, --store or --target")
     if snapshot is not None:
         try:
-            schemas = schemas_from_snapshot(json.loads(snapshot.read_text(encoding="utf-8")))
+            data = json.loads(snapshot.read_text(encoding="utf-8"))
+            schemas_from_snapshot(data)  # the shape, with the place of any mistake
         except (ValueError, OSError) as exc:
             raise click.ClickException(f"{snapshot}: {exc}") from None
-        return schemas, f"snapshot {snapshot}"
+        records = data["capabilities"] if isinstance(data, dict) else data
+        return records, f"snapshot {snapshot}"
     if store is None and target is None:
         return None, ""
     origin = f"store {store}" if store is not None else f"plane {target}"
     return [
-        InputSchema(definition.id, definition.input_schema, definition.version)
-        for definition, _ in _registered(store, target, token)
+        {**definition.to_json(), "service": service}
+        for definition, service in _registered(store, target, token)
     ], origin
 
 

@@ -30,10 +30,20 @@ class CompiledRule:
     message_expr: Program | None
     approvers: Program | None
     ttl_seconds: int | None
+    texts: Mapping[str, str] = field(default_factory=dict)
+    """The text each expression key was compiled from, where it differs from
+    the rule's (a file's variables and constants written out)."""
 
     @property
     def id(self) -> str:
         return self.rule.id
+
+    def text(self, key: str) -> str | None:
+        """The expression ``key`` (when, message_expr, approvers) as compiled."""
+        if key in self.texts:
+            return self.texts[key]
+        written: str | None = getattr(self.rule, key)
+        return "true" if key == "approvers" and written is None and self.approvers else written
 
     @property
     def enforced(self) -> bool:

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from warden_server.policy import typecheck, variables, yamlpos
 from warden_server.policy.cel import CelPythonEvaluator, CompileError, Evaluator, Program
+from warden_server.policy.definitions import Definitions, Expansion, identity, line_column
 from warden_server.policy.engine import CompiledRule, PolicySet
 from warden_server.policy.globs import WILDCARDS, matches
 from warden_server.policy.inputs import InputSchema, missing_field
@@ -183,12 +184,14 @@ def compile_policies(
 def _programs_of(policies: PolicySet) -> dict[str, Program]:
     programs: dict[str, Program] = {}
     for compiled in policies.rules:
-        rule = compiled.rule
-        programs[rule.when] = compiled.when
-        if rule.message_expr is not None and compiled.message_expr is not None:
-            programs[rule.message_expr] = compiled.message_expr
-        if compiled.approvers is not None:
-            programs[rule.approvers or "true"] = compiled.approvers
+        for key, program in (
+            ("when", compiled.when),
+            ("message_expr", compiled.message_expr),
+            ("approvers", compiled.approvers),
+        ):
+            text = compiled.text(key)
+            if program is not None and text is not None:
+                programs[text] = program
     return programs
 
 
@@ -295,12 +298,57 @@ class _FileChecker:
         self.ids: list[tuple[str, str, str, yamlpos.Position]] = []
         """(rule id, file, path, position) of every rule that parsed."""
         self.document = yamlpos.Document(data=None)
+        self.texts: dict[yamlpos.Path, str] = {}
+        """The text of every expression of the file, by path: to place a
+        problem found in an expansion where it was written."""
+        self.definitions = Definitions({}, {}, self._problem_at_offset)
 
     def problem(self, path: yamlpos.Path, message: str, at: yamlpos.Position | None = None) -> None:
         position = at or self.document.position(path)
-        self.problems.append(
-            Problem(self.file, position.line, position.column, dotted(path), message)
-        )
+        problem = Problem(self.file, position.line, position.column, dotted(path), message)
+        # A variable used by several rules would repeat its problems.
+        if problem not in self.problems:
+            self.problems.append(problem)
+
+    def _problem_at_offset(self, path: yamlpos.Path, offset: int, message: str) -> None:
+        if offset < 0 or path not in self.texts:
+            self.problem(path, message)
+            return
+        line, column = line_column(self.texts[path], offset)
+        self.problem(path, message, self.document.position_in(path, line, column))
+
+    def _at(
+        self, expansion: Expansion, line: int, column: int
+    ) -> tuple[yamlpos.Path, yamlpos.Position]:
+        """Where (``line``, ``column``) of an expanded expression was written."""
+        path, offset = expansion.origin(line, column)
+        text = self.texts.get(path, "")
+        inner_line, inner_column = line_column(text, offset)
+        return path, self.document.position_in(path, inner_line, inner_column)
+
+    def _definitions(self, constants: Any, found: Any) -> None:
+        """Read the file's constants and variables, and check each variable."""
+        constants = constants if isinstance(constants, Mapping) else {}
+        found = found if isinstance(found, Mapping) else {}
+        texts = {
+            name: str(text).lower() if isinstance(text, bool) else text
+            for name, text in found.items()
+            if isinstance(name, str) and isinstance(text, str | bool)
+        }
+        self.definitions = Definitions(constants, texts, self._problem_at_offset)
+        for name, text in texts.items():
+            path: yamlpos.Path = ("variables", name)
+            self.texts[path] = text
+        self.definitions.check_constants()
+        for name in self.definitions.variable_names:
+            path = ("variables", name)
+            if self.definitions.parses(name):
+                expansion = self.definitions.variable(name)
+            else:  # compiled as written, so that the syntax error is reported
+                expansion = identity(path, self.texts[path])
+            if expansion is not None:
+                allowed = variables.WHEN | variables.APPROVERS
+                self._expression(path, expansion, allowed, (), "variable")
 
     def check(self, raw: bytes) -> list[CompiledRule]:
         try:
@@ -318,8 +366,11 @@ class _FileChecker:
             parsed = PolicyFile.model_validate(data)
         except ValidationError as exc:
             self.problems.extend(validation_problems(self.file, self.document, exc))
+            if isinstance(data, Mapping):
+                self._definitions(data.get("constants"), data.get("variables"))
             self._check_what_parsed(data, exc)
             return []
+        self._definitions(parsed.constants, parsed.variables)
         compiled = []
         for index, rule in enumerate(parsed.rules):
             rule_compiled = self._rule(index, rule)
@@ -344,7 +395,11 @@ class _FileChecker:
                     if isinstance(text, str):
                         allowed = _allowed(key, hide)
                         kind: typecheck.Kind = key  # type: ignore[assignment]
-                        self._expression(("rules", index, key), text, allowed, (), kind)
+                        path: yamlpos.Path = ("rules", index, key)
+                        self.texts[path] = text
+                        expansion = self.definitions.expand(path, text)
+                        if expansion is not None:
+                            self._expression(path, expansion, allowed, (), kind)
 
     def _rule(self, index: int, rule: Rule) -> CompiledRule | None:
         base: yamlpos.Path = ("rules", index)
@@ -353,25 +408,25 @@ class _FileChecker:
         self.ids.append((rule.id, self.file, dotted(id_path), self.document.position(id_path)))
         schemas = self.capabilities.matching(rule.capabilities)
         hide = rule.effect == "hide"
-        when = self._expression((*base, "when"), rule.when, _allowed("when", hide), schemas, "when")
+        texts: dict[str, str] = {}
+
+        def compiled(key: typecheck.Kind, text: str, allowed: frozenset[str]) -> Program | None:
+            path: yamlpos.Path = (*base, key)
+            self.texts[path] = text
+            expansion = self.definitions.expand(path, text)
+            if expansion is None:
+                return None
+            if expansion.text != text:
+                texts[key] = expansion.text
+            return self._expression(path, expansion, allowed, schemas, key)
+
+        when = compiled("when", rule.when, _allowed("when", hide))
         message_expr = None
         if rule.message_expr is not None:
-            message_expr = self._expression(
-                (*base, "message_expr"),
-                rule.message_expr,
-                variables.WHEN,
-                schemas,
-                "message_expr",
-            )
+            message_expr = compiled("message_expr", rule.message_expr, variables.WHEN)
         approvers = None
         if rule.effect == "require_approval":
-            approvers = self._expression(
-                (*base, "approvers"),
-                rule.approvers or "true",
-                variables.APPROVERS,
-                schemas,
-                "approvers",
-            )
+            approvers = compiled("approvers", rule.approvers or "true", variables.APPROVERS)
         else:
             for key in ("approvers", "ttl"):
                 if getattr(rule, key) is not None:
@@ -390,16 +445,18 @@ class _FileChecker:
             message_expr=message_expr,
             approvers=approvers,
             ttl_seconds=parse_duration(rule.ttl) if rule.ttl else None,
+            texts=texts,
         )
 
     def _expression(
         self,
         path: yamlpos.Path,
-        text: str,
+        expansion: Expansion,
         allowed: frozenset[str],
         schemas: Sequence[InputSchema],
         kind: typecheck.Kind,
     ) -> Program | None:
+        text = expansion.text
         if len(text) > MAX_EXPRESSION_CHARS:
             self.problem(
                 path,
@@ -412,47 +469,59 @@ class _FileChecker:
             try:
                 program = self.evaluator.compile(text)
             except CompileError as exc:
-                self.problem(path, str(exc), self.document.position_in(path, exc.line, exc.column))
+                self.problem(*self._placed(path, expansion, exc.line, exc.column, str(exc)))
                 return None
             self.programs[text] = program
         before = len(self.problems)
         reported: set[str] = set()
         for ref in program.references:
-            at = self.document.position_in(path, ref.line, ref.column)
             name = ref.variable
             if name not in allowed and name not in variables.CEL_TYPE_NAMES:
                 if name not in reported:
                     reported.add(name)
                     if name == "input" and allowed == variables.HIDE:
-                        self.problem(path, _HIDE_READS_INPUT, at)
+                        message = _HIDE_READS_INPUT
                     else:
-                        available = ", ".join(sorted(allowed))
-                        self.problem(
-                            path, f"unknown variable {name!r} (available: {available})", at
+                        message = (
+                            f"unknown variable {name!r} (available: {', '.join(sorted(allowed))})"
                         )
+                    self.problem(*self._placed(path, expansion, ref.line, ref.column, message))
             elif name in variables.FIELDS and ref.path:
                 fields = variables.FIELDS[name]
                 if ref.path[0] not in fields:
-                    self.problem(
-                        path,
+                    message = (
                         f"{name}.{ref.path[0]}: {name} has no field {ref.path[0]!r} "
-                        f"(fields: {', '.join(fields)})",
-                        at,
+                        f"(fields: {', '.join(fields)})"
                     )
+                    self.problem(*self._placed(path, expansion, ref.line, ref.column, message))
             elif name == "input" and ref.path:
                 # Every capability the rule matches must have the field: a
                 # call to one without it would fail to evaluate.
                 for schema in schemas:
                     missing = missing_field([schema], ref.path)
                     if missing is not None:
-                        self.problem(path, missing, at)
+                        self.problem(*self._placed(path, expansion, ref.line, ref.column, missing))
                         break
         self._cost(path, program)
         if self.types is not None and len(self.problems) == before:
             for found in self.types.check(text, kind, schemas, program.references):
-                at = self.document.position_in(path, found.line, found.column)
-                self.problem(path, found.message, at)
+                self.problem(
+                    *self._placed(path, expansion, found.line, found.column, found.message)
+                )
         return program
+
+    def _placed(
+        self, used: yamlpos.Path, expansion: Expansion, line: int, column: int, message: str
+    ) -> tuple[yamlpos.Path, str, yamlpos.Position]:
+        """A problem at (``line``, ``column``) of the expansion of the expression
+        at ``used``, placed where it was written: in a variable, it names the use."""
+        path, position = self._at(expansion, line, column)
+        if path != used and used[:1] == ("rules",):
+            # Said once without the use when the variable alone has the problem.
+            alone = Problem(self.file, position.line, position.column, dotted(path), message)
+            if alone not in self.problems:
+                message = f"{message} (where {dotted(used)} uses it)"
+        return path, message, position
 
     def _cost(self, path: yamlpos.Path, program: Program) -> None:
         over = []

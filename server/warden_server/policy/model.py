@@ -122,11 +122,45 @@ class Rule(_Strict):
         return value
 
 
-class PolicyFile(_Strict):
-    """A policy file: a list of rules."""
+NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+"""The name of a constant or variable: a CEL identifier."""
 
+
+def _names_are_identifiers(value: dict[str, Any]) -> dict[str, Any]:
+    for name in value:
+        if not re.match(NAME, name):
+            raise ValueError(
+                f"{name!r} is not a name: use letters, digits and '_', starting with a letter"
+            )
+    return value
+
+
+class PolicyFile(_Strict):
+    """A policy file: constants, variables and a list of rules."""
+
+    constants: Annotated[
+        dict[str, Any],
+        AfterValidator(_names_are_identifiers),
+        Field(json_schema_extra={"propertyNames": {"pattern": NAME}}),
+    ] = {}
+    """Named values (strings, numbers, booleans, lists, maps), read as
+    ``c.name`` in this file's expressions."""
+    variables: Annotated[
+        dict[str, Annotated[str, Field(json_schema_extra={"type": ["string", "boolean"]})]],
+        AfterValidator(_names_are_identifiers),
+        Field(json_schema_extra={"propertyNames": {"pattern": NAME}}),
+    ] = {}
+    """Named CEL expressions, read as ``v.name`` in this file's expressions
+    (and in other variables); each is written out where it is used."""
     rules: list[Rule] = []
     """The rules of this file; ids are unique across every file of the folder."""
+
+    @field_validator("variables", mode="before")
+    @classmethod
+    def _yaml_booleans_are_expressions(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: str(v).lower() if isinstance(v, bool) else v for k, v in value.items()}
+        return value
 
 
 class TestActor(_Strict):

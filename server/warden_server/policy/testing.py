@@ -1,8 +1,12 @@
-"""The policy test runner: the SPEC §6 test files, with rule coverage.
+"""The policy test runner: the SPEC §6 test files, with coverage.
 
-A rule counts as exercised when at least one test case makes it match (or
-makes it fail, which a case can expect as ``error``), whether it is enforced
-or in audit mode.
+A rule counts as exercised when at least one test case makes it match,
+whether it is enforced or in audit mode; a rule that fails to evaluate is
+not exercised by that case. Coverage also counts the outcomes of every
+condition: the condition and each ``&&``/``||`` operand seen true and seen
+false (``policy/coverage.py``). The figure ``--min-coverage`` applies to
+is the combined one: rules exercised plus outcomes seen, over rules plus
+outcomes.
 
 A set served by a faster evaluator runs every case on it and on the reference
 (cel-python) too, and a case they decide differently fails: SPEC §6 lets a
@@ -23,6 +27,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from warden_server.policy import yamlpos
+from warden_server.policy.cel import Activation
+from warden_server.policy.coverage import ConditionCoverage
 from warden_server.policy.engine import Decision, PolicySet, would_have
 from warden_server.policy.loader import POLICY_SUFFIXES, Problem, dotted, validation_problems
 from warden_server.policy.model import (
@@ -91,6 +97,7 @@ class TestReport:
     problems: list[Problem] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
     exercised: set[str] = field(default_factory=set)
+    conditions: ConditionCoverage = field(default_factory=ConditionCoverage)
 
     @property
     def failed(self) -> list[CaseResult]:
@@ -101,10 +108,18 @@ class TestReport:
         return [r for r in self.rules if r not in self.exercised]
 
     @property
-    def coverage(self) -> float:
+    def rule_coverage(self) -> float:
         """The share of rules some case made match (1.0 without rules); a rule
         that failed to evaluate is not covered."""
         return 1.0 if not self.rules else len(set(self.rules) & self.exercised) / len(self.rules)
+
+    @property
+    def coverage(self) -> float:
+        """Rules exercised and condition outcomes seen, over rules and outcomes
+        (1.0 when there are neither): what ``--min-coverage`` applies to."""
+        total = len(self.rules) + self.conditions.outcomes
+        covered = len(set(self.rules) & self.exercised) + self.conditions.outcomes_seen
+        return 1.0 if not total else covered / total
 
     @property
     def ok(self) -> bool:
@@ -116,8 +131,12 @@ class TestReport:
             "failed": len(self.failed),
             "rules": len(self.rules),
             "exercised": len(set(self.rules) & self.exercised),
+            "outcomes": self.conditions.outcomes,
+            "outcomes_seen": self.conditions.outcomes_seen,
             "coverage": round(self.coverage * 100, 2),
+            "rule_coverage": round(self.rule_coverage * 100, 2),
             "unexercised": self.unexercised,
+            "unseen_outcomes": self.conditions.unseen(),
             "problems": [p.to_json() for p in sorted(self.problems)],
         }
 
@@ -201,6 +220,7 @@ def run_policy_tests(
     *,
     pattern: re.Pattern[str] | None = None,
     now: datetime | None = None,
+    conditions: bool = True,
 ) -> TestReport:
     """Run every test case under ``directory/tests`` against ``policies``.
 
@@ -209,14 +229,18 @@ def run_policy_tests(
         directory: The policy folder; its ``tests/`` holds the cases.
         pattern: Run only the cases whose name it matches (``re.search``).
         now: ``now`` for cases that give none (default: the run's start).
+        conditions: Count condition outcomes too (which evaluates every
+            ``&&``/``||`` operand of every rule a case evaluates).
     """
     started = now or datetime.now(UTC)
     loaded, problems = load_test_cases(directory, policies)
     report = TestReport(problems=problems, rules=[r.id for r in policies.rules])
+    if conditions:
+        report.conditions = ConditionCoverage.of(policies)
     for item in loaded:
         if pattern and not pattern.search(item.case.name):
             continue
-        report.cases.append(_run_case(policies, item, started, report.exercised))
+        report.cases.append(_run_case(policies, item, started, report))
     return report
 
 
@@ -278,10 +302,10 @@ def _compare(
     )
 
 
-def evaluate_case(
+def case_activations(
     policies: PolicySet, case: PolicyTest, now: datetime
-) -> tuple[Decision, Decision | None]:
-    """The visibility decision and, unless hidden, the policy decision."""
+) -> tuple[str, Activation, Activation]:
+    """The capability id of a case, and its variables without and with ``input``."""
     capability = (
         case.capability
         if isinstance(case.capability, TestCapability)
@@ -298,22 +322,39 @@ def evaluate_case(
             now=parse_timestamp(case.now) if case.now else now,
         )
     )
-    hidden = policies.visibility(capability.id, activation)
+    return capability.id, activation, policies.activation({"input": case.input}, activation)
+
+
+def evaluate_case(
+    policies: PolicySet, case: PolicyTest, now: datetime
+) -> tuple[Decision, Decision | None]:
+    """The visibility decision and, unless hidden, the policy decision."""
+    capability_id, without_input, with_input = case_activations(policies, case, now)
+    return decide_case(policies, capability_id, without_input, with_input)
+
+
+def decide_case(
+    policies: PolicySet, capability_id: str, without_input: Activation, with_input: Activation
+) -> tuple[Decision, Decision | None]:
+    """Step 4 with the variables without ``input``, then, unless hidden, step 7."""
+    hidden = policies.visibility(capability_id, without_input)
     if hidden.effect == "hide":
         return hidden, None
-    with_input = policies.activation({"input": case.input}, activation)
-    return hidden, policies.decide(capability.id, with_input)
+    return hidden, policies.decide(capability_id, with_input)
 
 
 def _run_case(
-    policies: PolicySet, item: LoadedCase, now: datetime, exercised: set[str]
+    policies: PolicySet, item: LoadedCase, now: datetime, report: TestReport
 ) -> CaseResult:
-    hidden, decision = evaluate_case(policies, item.case, now)
+    capability_id, without_input, with_input = case_activations(policies, item.case, now)
+    hidden, decision = decide_case(policies, capability_id, without_input, with_input)
     disagreement = _compare(policies, item, now, (hidden, decision))
     final = decision or hidden
-    for d in (hidden, decision):
+    for d, activation in ((hidden, without_input), (decision, with_input)):
         if d is not None:
-            exercised.update(r.rule_id for r in d.results if r.matched and not r.error)
+            report.exercised.update(r.rule_id for r in d.results if r.matched and not r.error)
+            for r in d.results:
+                report.conditions.record(r, activation)
     actual: dict[str, Any] = {
         "effect": final.effect,
         "rule": final.rule_id,
@@ -341,7 +382,7 @@ def _run_case(
 def failing_tests(policies: PolicySet, directory: str | Path) -> list[Problem]:
     """The folder's test cases that ``policies`` fails, and the problems of
     its test files, as problems: a set with any of them is not loaded."""
-    report = run_policy_tests(policies, directory)
+    report = run_policy_tests(policies, directory, conditions=False)
     problems = list(report.problems)
     for case in report.failed:
         file, _, line = case.file.rpartition(":")

@@ -353,9 +353,9 @@ def rules_broken_by(policies: PolicySet, schemas: Sequence[InputSchema]) -> list
     for schema in schemas:
         for rule in policies.rules_for(schema.capability_id):
             for kind, text, program in (
-                ("when", rule.rule.when, rule.when),
-                ("message_expr", rule.rule.message_expr, rule.message_expr),
-                ("approvers", rule.rule.approvers or "true", rule.approvers),
+                ("when", rule.text("when"), rule.when),
+                ("message_expr", rule.text("message_expr"), rule.message_expr),
+                ("approvers", rule.text("approvers"), rule.approvers),
             ):
                 if program is None or text is None:
                     continue
