@@ -221,3 +221,35 @@ def test_one_plane_two_languages_one_log(
         main, ["audit", "verify", "--store", str(polyglot.db_path)], catch_exceptions=False
     )
     assert verified.exit_code == 0, verified.output
+
+
+ALL_BILLING = """\
+rules:
+  - id: billing-in-the-tenant
+    capabilities: ["billing.*"]
+    effect: allow
+    when: actor.tenant != ""
+"""
+
+
+def test_the_typescript_runtime_keeps_its_guarantees_on_a_real_plane(
+    compiled: Path, start_plane: Callable[..., Plant], policy_dir: Callable[[str], Path]
+) -> None:
+    """client/typescript/test/plane/runtime.test.ts: declared and concealed errors,
+    output validation, time budgets, AbortSignal, Standard Schema input, idempotency,
+    offline grant verification, failing closed with honest retries, SI-7."""
+    plant = start_plane(policy_dir(ALL_BILLING))
+    done = subprocess.run(
+        ["node", "--test", str(compiled / "plane" / "runtime.test.js")],
+        env=node_env(plant, plant.token()),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "# fail 0" in done.stdout and "# pass 12" in done.stdout
+    # SI-5: the card quoted in the handler's exception is masked in the private body too.
+    (exploded,) = plant.events(kind="outcome", capability_id="billing.explode")
+    assert exploded["cause_message"] == "the table payments is locked for card [REDACTED]"
+    assert "4111111111111111" not in json.dumps(plant.rows())
