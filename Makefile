@@ -9,6 +9,13 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed-stamp
 PROTOS := $(wildcard proto/warden/v1/*.proto)
 PLUGINS := --plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc
+TS := client/typescript
+NPM_STAMP := $(TS)/node_modules/.installed-stamp
+BUF := $(TS)/node_modules/.bin/buf
+
+$(NPM_STAMP): $(TS)/package-lock.json
+	cd $(TS) && npm ci --no-audit --no-fund
+	touch $(NPM_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +35,7 @@ run: $(STAMP) ## Serve the plane on 127.0.0.1:50051 with policies/ and var/warde
 	$(BIN)/warden serve --config warden.toml
 
 .PHONY: test
-test: $(STAMP) lint typecheck proto-check ## Lint, type-check, check generated code, run every test
+test: $(STAMP) lint typecheck proto-check proto-ts-check buf-lint buf-breaking ts-test ## Lint, type-check, check generated code, run every test
 	$(BIN)/warden policy check policies
 	$(BIN)/warden policy test policies --min-coverage 100
 	$(BIN)/pytest -q -n auto
@@ -72,6 +79,34 @@ proto-check: $(STAMP) ## Fail if the generated code or errors.md differ from pro
 	$(PY) -m warden_server.docs_gen | diff -u docs/reference/errors.md - >/dev/null || \
 		{ echo "docs/reference/errors.md is stale (run make proto)"; exit 1; }; \
 	echo "generated code and docs match proto/"
+
+.PHONY: proto-ts
+proto-ts: $(NPM_STAMP) ## Regenerate client/typescript/src/gen from proto/ (buf.gen.yaml)
+	$(BUF) generate
+
+.PHONY: proto-ts-check
+proto-ts-check: $(NPM_STAMP) ## Fail if client/typescript/src/gen differs from proto/
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(BUF) generate -o "$$tmp" && \
+	diff -r "$(TS)/src/gen" "$$tmp/$(TS)/src/gen" >/dev/null || \
+		{ echo "generated code is stale: $(TS)/src/gen (run make proto-ts)"; exit 1; }; \
+	echo "generated TypeScript matches proto/"
+
+.PHONY: buf-lint
+buf-lint: $(NPM_STAMP) ## Lint proto/ with buf (the rules and their exceptions are in buf.yaml)
+	$(BUF) lint
+
+.PHONY: buf-breaking
+buf-breaking: $(NPM_STAMP) ## Fail on a breaking change to proto/ since the released contract
+	$(BUF) breaking --against proto/baseline.binpb
+
+.PHONY: proto-baseline
+proto-baseline: $(NPM_STAMP) ## At a release: record proto/ as the contract buf-breaking compares with
+	$(BUF) build --exclude-source-info -o proto/baseline.binpb
+
+.PHONY: ts-test
+ts-test: $(NPM_STAMP) ## The TypeScript SDK: tsc --noEmit (strict), biome, its tests
+	cd $(TS) && npm run --silent typecheck && npm run --silent lint && npm test --silent
 
 .PHONY: bench
 bench: $(STAMP) ## Run the benchmarks (BENCH="--quick sdk" to choose); figures in var/bench/

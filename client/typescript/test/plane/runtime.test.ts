@@ -1,0 +1,244 @@
+/**
+ * The TypeScript runtime against a real plane. Run by
+ * tests/integration/test_typescript_sdk.py, which starts the plane and passes
+ * its address, the billing service's token and an actor's JWT in the
+ * environment (WARDEN_TARGET, WARDEN_SERVICE_TOKEN, WARDEN_ACTOR_TOKEN).
+ */
+
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import { z } from "zod";
+import {
+  type Envelope,
+  type Json,
+  NO_RETRY,
+  Runtime,
+  unwrap,
+  verifyGrant,
+  WardenError,
+} from "../../src/index.js";
+
+const env = process.env;
+const target = env.WARDEN_TARGET ?? "";
+const token = env.WARDEN_SERVICE_TOKEN ?? "";
+const actor = env.WARDEN_ACTOR_TOKEN ?? "";
+const object = { type: "object" } as const;
+const amountIn = {
+  type: "object",
+  properties: { amount: { type: "integer" }, card: { type: "string", "x-warden-sensitive": true } },
+  required: ["amount"],
+};
+const ran: Record<string, number> = {};
+const count = (name: string) => {
+  ran[name] = (ran[name] ?? 0) + 1;
+};
+const fast = { maxAttempts: 3, initialBackoffMs: 1, maxBackoffMs: 5, multiplier: 2 };
+
+function service(at = target): Runtime {
+  const rt = new Runtime(at, { service: "billing", token, governanceTimeoutMs: 2_000 });
+  rt.capability(
+    {
+      id: "billing.refuse",
+      input: amountIn,
+      output: object,
+      errors: { NOT_ELIGIBLE: "This charge cannot be made." },
+    },
+    (_input, ctx) => {
+      count("refuse");
+      throw ctx.errors.NOT_ELIGIBLE({ details: { hint: "smaller" } });
+    },
+  );
+  rt.capability(
+    { id: "billing.explode", input: amountIn, output: object },
+    (input: { card?: string }) => {
+      count("explode");
+      throw new Error(`the table payments is locked for card ${input.card}`);
+    },
+  );
+  rt.capability(
+    {
+      id: "billing.lie",
+      input: amountIn,
+      output: { type: "object", properties: { id: { type: "string" } }, required: ["id"] },
+    },
+    () => ({ id: 42 }),
+  );
+  rt.capability(
+    { id: "billing.slow", input: amountIn, output: object, timeoutMs: 100 },
+    (_input, ctx) =>
+      new Promise<Json>((resolve) => {
+        ctx.signal.addEventListener("abort", () => {
+          count("slow-aborted");
+          resolve({});
+        });
+      }),
+  );
+  rt.capability({ id: "billing.wait", input: amountIn, output: object }, (_input, ctx) => {
+    count("wait");
+    return new Promise<Json>((resolve) => ctx.signal.addEventListener("abort", () => resolve({})));
+  });
+  rt.capability({ id: "billing.look", input: amountIn, output: object, sideEffect: "read" }, () => {
+    count("look");
+    return {};
+  });
+  rt.capability(
+    {
+      id: "billing.pay",
+      input: amountIn,
+      output: { type: "object", properties: { n: { type: "integer" } } },
+      validators: { input: z.object({ amount: z.number().max(1000, "at most 1000") }) },
+    },
+    () => {
+      count("pay");
+      return { n: ran.pay ?? 0 };
+    },
+  );
+  rt.capability({ id: "billing.pass", input: amountIn, output: object }, async (input, ctx) => {
+    const keys = await rt.grantKeys();
+    const claims = verifyGrant(ctx.grantToken, keys, { capabilityId: "billing.pass", input });
+    return { actor: claims.actorId, capability: claims.capabilityId };
+  });
+  return rt;
+}
+
+const rt = service();
+
+function failure(envelope: Envelope) {
+  assert.notEqual(envelope.status, "succeeded");
+  return envelope.error;
+}
+
+describe("a TypeScript service on a real plane", () => {
+  test("registers its capabilities with versions", async () => {
+    const registered = await rt.register();
+    assert.equal(registered.length, 8);
+    assert.ok(registered.every((r) => r.version !== "" && r.digest !== ""));
+  });
+
+  test("a declared error is exposed with its message, the handler having run once", async () => {
+    const envelope = await rt.invoke("billing.refuse", { amount: 1 }, { actor });
+    assert.equal(envelope.status, "failed");
+    assert.deepEqual(failure(envelope)?.toModel(), {
+      code: "NOT_ELIGIBLE",
+      message: "This charge cannot be made.",
+      retryable: false,
+      details: { hint: "smaller" },
+    });
+    assert.equal(envelope.executedBeforeFailure, false);
+    assert.equal(ran.refuse, 1);
+  });
+
+  test("an undeclared throw is concealed, and the handler ran", async () => {
+    const envelope = await rt.invoke(
+      "billing.explode",
+      { amount: 1, card: "4111111111111111" },
+      { actor },
+    );
+    assert.deepEqual(failure(envelope)?.toModel(), {
+      code: "INTERNAL_ERROR",
+      message: "The operation failed.",
+    });
+    assert.equal(envelope.executedBeforeFailure, true);
+    assert.ok(failure(envelope)?.cause instanceof Error);
+    assert.throws(() => unwrap(envelope), { code: "INTERNAL_ERROR" });
+  });
+
+  test("an output that breaks its schema is withheld and concealed", async () => {
+    const envelope = await rt.invoke("billing.lie", { amount: 1 }, { actor });
+    assert.equal(failure(envelope)?.code, "OUTPUT_INVALID");
+    assert.equal(failure(envelope)?.stage, "output-validation");
+    assert.equal(failure(envelope)?.toModel().code, "INTERNAL_ERROR");
+    assert.equal(envelope.output, null);
+    assert.equal(envelope.executedBeforeFailure, true);
+  });
+
+  test("the time budget aborts the handler's signal and answers TIMEOUT", async () => {
+    const envelope = await rt.invoke("billing.slow", { amount: 1 }, { actor, retry: NO_RETRY });
+    assert.equal(failure(envelope)?.code, "TIMEOUT");
+    assert.equal(envelope.executedBeforeFailure, true);
+    assert.equal(ran["slow-aborted"], 1);
+  });
+
+  test("an AbortSignal cancels a running call: status cancelled, never thrown", async () => {
+    const controller = new AbortController();
+    const pending = rt.invoke("billing.wait", { amount: 1 }, { actor, signal: controller.signal });
+    while (!ran.wait) await new Promise((resolve) => setTimeout(resolve, 5));
+    controller.abort();
+    const envelope = await pending;
+    assert.equal(envelope.status, "cancelled");
+    assert.equal(failure(envelope)?.code, "CANCELLED");
+    assert.equal(envelope.executedBeforeFailure, true);
+  });
+
+  test("a signal aborted before the call sends nothing", async () => {
+    const envelope = await rt.invoke(
+      "billing.look",
+      { amount: 1 },
+      {
+        actor,
+        signal: AbortSignal.abort(),
+      },
+    );
+    assert.equal(envelope.status, "cancelled");
+    assert.equal(ran.look, undefined);
+  });
+
+  test("a Standard Schema validator refines the input: INPUT_INVALID with issues, no values", async () => {
+    const envelope = await rt.invoke("billing.pay", { amount: 5000 }, { actor });
+    assert.deepEqual(failure(envelope)?.toModel(), {
+      code: "INPUT_INVALID",
+      message: "The input does not match the capability's schema.",
+      retryable: false,
+      details: { issues: [{ path: "/amount", message: "at most 1000" }] },
+    });
+    assert.equal(ran.pay, undefined);
+  });
+
+  test("an idempotency key runs the handler once and replays its outcome", async () => {
+    const first = await rt.invoke("billing.pay", { amount: 5 }, { actor, idempotencyKey: "k-1" });
+    const again = await rt.invoke("billing.pay", { amount: 5 }, { actor, idempotencyKey: "k-1" });
+    assert.deepEqual([first.status, again.status], ["succeeded", "succeeded"]);
+    assert.deepEqual(again.output, first.output);
+    assert.equal(again.replayedFrom, first.invocationId);
+    assert.equal(ran.pay, 1);
+    const other = await rt.invoke("billing.pay", { amount: 6 }, { actor, idempotencyKey: "k-1" });
+    assert.equal(failure(other)?.code, "IDEMPOTENCY_CONFLICT");
+  });
+
+  test("a handler's grant verifies offline with the plane's published keys", async () => {
+    const envelope = await rt.invoke("billing.pass", { amount: 3 }, { actor });
+    assert.deepEqual(unwrap(envelope), { actor: "bot-7", capability: "billing.pass" });
+  });
+
+  test("a plane that cannot be reached fails closed, retrying a read but not a write", async () => {
+    const away = service("127.0.0.1:9");
+    const write = await away.invoke("billing.pay", { amount: 1 }, { actor, retry: fast });
+    assert.equal(failure(write)?.code, "GOVERNANCE_UNAVAILABLE");
+    assert.equal(failure(write)?.retryable, true);
+    assert.equal(write.attempt, 1);
+    const read = await away.invoke("billing.look", { amount: 1 }, { actor, retry: fast });
+    assert.equal(failure(read)?.code, "GOVERNANCE_UNAVAILABLE");
+    assert.equal(read.attempt, 3);
+    const keyed = await away.invoke(
+      "billing.pay",
+      { amount: 1 },
+      {
+        actor,
+        retry: fast,
+        idempotencyKey: "k-away",
+      },
+    );
+    assert.equal(keyed.attempt, 3);
+    assert.equal(ran.look, undefined);
+  });
+
+  test("a runtime cannot register in a namespace its service does not own (SI-7)", async () => {
+    const intruder = new Runtime(target, { service: "billing", token });
+    intruder.capability({ id: "orders.sneak", input: object, output: object }, () => ({}));
+    await assert.rejects(intruder.register(), (error: unknown) => {
+      assert.ok(error instanceof WardenError);
+      assert.match(error.message, /PERMISSION_DENIED/);
+      return true;
+    });
+  });
+});

@@ -1,0 +1,37 @@
+"""The TypeScript SDK, built for tests: ``npm ci`` (when node_modules is absent)
+and ``tsc``, once per run, whatever number of test workers ask at once."""
+
+from __future__ import annotations
+
+import fcntl
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "client" / "typescript"
+DIST = PACKAGE / "dist" / "test"
+
+
+def build() -> Path:
+    """Install (from the committed lockfile) and compile the TypeScript SDK.
+
+    Returns:
+        The folder of the compiled tests and their helper scripts.
+    """
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("the TypeScript SDK tests need Node.js 20 and npm on the PATH")
+    with (PACKAGE / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (PACKAGE / "node_modules").is_dir():
+            _run([npm, "ci", "--no-audit", "--no-fund"])
+        _run([npm, "run", "--silent", "build"])
+    return DIST
+
+
+def _run(command: list[str]) -> None:
+    done = subprocess.run(command, cwd=PACKAGE, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        what = " ".join(command[1:])
+        raise RuntimeError(f"{what} failed in client/typescript:\n{done.stdout}{done.stderr}")
