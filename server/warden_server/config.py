@@ -178,8 +178,8 @@ class IdempotencySection(_Section):
     longer than any handler's time budget."""
     replay_key: str | None = Field(default=None, repr=False)
     """Seals recorded outputs for replay (or WARDEN_IDEMPOTENCY_REPLAY_KEY),
-    at least 16 characters. When unset, a fresh key per start: outputs recorded
-    before a restart cannot be replayed after it."""
+    at least 16 characters. When unset, the plane makes a key once and keeps
+    it beside the store (``<store>.replay-key``, 0600)."""
 
     @model_validator(mode="after")
     def _valid(self) -> IdempotencySection:

@@ -18,8 +18,6 @@ restart, so an outcome reported after one is still accepted.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from warden.shared import grant_token
 from warden.shared.grant_token import GrantClaims, GrantError
+from warden_server import keyfiles
 
 __all__ = ["GrantClaims", "GrantError", "GrantSigner", "PublishedKey", "default_key_path"]
 
@@ -38,7 +37,7 @@ log = logging.getLogger(__name__)
 
 def default_key_path(store: Path) -> Path:
     """Where the plane keeps the signing key it made itself: beside the store."""
-    return store.with_name(f"{store.name}.grant-key")
+    return keyfiles.beside(store, "grant-key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,19 +129,8 @@ def create_key_file(path: Path) -> None:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(pem)
-            file.flush()
-            os.fsync(file.fileno())
-        try:
-            os.link(temporary, path)
-        except FileExistsError:
-            return  # another process made it first: its key is the key
-    finally:
-        os.unlink(temporary)
+    if not keyfiles.write_once(path, pem):
+        return  # another process made it first: its key is the key
     log.info("made a grant signing key at %s", path)
 
 

@@ -145,11 +145,16 @@ class Plane:
                 ValueError).
         """
         verification = [config.path(f) for f in config.grants.verification_key_files]
-        sealer = Sealer.from_secret(config.idempotency.replay_key)
+        replay_key = config.idempotency.replay_key
         if secrets is not None:
             grants = GrantSigner.from_pem(secrets.grant_key_pem.encode(), verification)
             sealer = Sealer(bytes.fromhex(secrets.seal_key_hex))
         else:
+            sealer = (
+                Sealer.from_secret(replay_key)
+                if replay_key is not None
+                else Sealer.beside(config.store_path)
+            )
             key_file = config.grants.signing_key_file
             grants = GrantSigner.from_files(
                 config.path(key_file) if key_file else default_key_path(config.store_path),
@@ -157,11 +162,6 @@ class Plane:
                 create=key_file is None,
             )
         hash_key = config.redaction.hash_key if config.redaction.mode == "keyed-hash" else None
-        if config.idempotency.replay_key is None and not joined:
-            log.warning(
-                "idempotency.replay_key is not set: outputs recorded for replay "
-                "cannot be replayed after a restart"
-            )
         actors = ActorVerifier.from_config(config)
         checkpoints = load_checkpoint_key(config)
         telemetry = Telemetry.from_config(config.telemetry)

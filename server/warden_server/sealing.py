@@ -11,12 +11,15 @@ another key, actor or input.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Final
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from warden_server import keyfiles
 
 _NONCE_BYTES: Final = 12
 _INFO: Final = b"warden idempotent replay v1"
@@ -38,6 +41,19 @@ class Sealer:
             return cls(AESGCM.generate_key(bit_length=256))
         kdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO)
         return cls(kdf.derive(secret.encode()))
+
+    @classmethod
+    def beside(cls, store: Path) -> Sealer:
+        """A sealer keyed by the plane's own replay key, made once beside the
+        store (``<store>.replay-key``, 0600), so that what was sealed before a
+        restart still opens after it.
+
+        Raises:
+            KeyFileError: the key file cannot be made or used.
+        """
+        key = keyfiles.hex_key(keyfiles.beside(store, "replay-key"), create=True)
+        assert key is not None  # made when missing
+        return cls(key)
 
     def seal(self, plaintext: str, binding: str) -> bytes:
         nonce = os.urandom(_NONCE_BYTES)

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
 from warden_server.cli import main
@@ -31,13 +32,22 @@ SNAPSHOT = {
 SUPPORT_BOT = '{"sub": "bot-7", "roles": ["support"], "tenant": "acme"}'
 
 
+@pytest.fixture
+def examples(tmp_path: Path) -> Path:
+    """The example policies without their capabilities snapshot: explained
+    with no schema to validate input against."""
+    return Path(
+        shutil.copytree(EXAMPLES, tmp_path / "bare", ignore=shutil.ignore_patterns("*.json"))
+    )
+
+
 def explain(*args: str) -> Result:
     return CliRunner().invoke(main, ["policy", "explain", *args])
 
 
-def test_explain_shows_every_rule_its_value_and_the_precedence_that_decided() -> None:
+def test_explain_shows_every_rule_its_value_and_the_precedence_that_decided(examples: Path) -> None:
     result = explain(
-        str(EXAMPLES),
+        str(examples),
         "--capability",
         "orders.refund",
         "--input",
@@ -46,7 +56,7 @@ def test_explain_shows_every_rule_its_value_and_the_precedence_that_decided() ->
         SUPPORT_BOT,
     )
     assert result.exit_code == 0, result.output
-    rules = f"{EXAMPLES}/orders.yaml"
+    rules = f"{examples}/orders.yaml"
     assert result.stdout.splitlines() == [
         "orders.refund called by bot-7 (roles: support; tenant: acme)",
         "hide rules: none",
@@ -74,9 +84,9 @@ def test_explain_shows_every_rule_its_value_and_the_precedence_that_decided() ->
     assert "not checked: the input against the capability's schema" in result.stderr
 
 
-def test_explain_json_names_the_failing_rules_and_fails_closed() -> None:
+def test_explain_json_names_the_failing_rules_and_fails_closed(examples: Path) -> None:
     result = explain(
-        str(EXAMPLES),
+        str(examples),
         "--capability",
         "orders.refund",
         "--input",
@@ -101,8 +111,8 @@ def test_explain_json_names_the_failing_rules_and_fails_closed() -> None:
     )
 
 
-def test_explain_with_no_match_gives_the_default_effect() -> None:
-    args = [str(EXAMPLES), "--capability", "orders.get", "--actor-claims", '{"sub": "x"}']
+def test_explain_with_no_match_gives_the_default_effect(examples: Path) -> None:
+    args = [str(examples), "--capability", "orders.get", "--actor-claims", '{"sub": "x"}']
     for default in ("deny", "allow"):
         result = explain(*args, "--default-effect", default, "--json")
         assert result.exit_code == 0, result.output
@@ -113,17 +123,17 @@ def test_explain_with_no_match_gives_the_default_effect() -> None:
         )
 
 
-def test_explain_shows_hide_deciding_first_and_the_other_rules_not_reached() -> None:
-    result = explain(str(EXAMPLES), "--capability", "orders.export", "--actor-claims", SUPPORT_BOT)
+def test_explain_shows_hide_deciding_first_and_the_other_rules_not_reached(examples: Path) -> None:
+    result = explain(str(examples), "--capability", "orders.export", "--actor-claims", SUPPORT_BOT)
     assert result.exit_code == 0, result.output
     assert "policy rules: not reached" in result.stdout
     assert "decision: hide, by export-is-invisible-to-non-admins" in result.stdout
     assert "the call fails CAPABILITY_NOT_FOUND" in result.stdout
 
 
-def test_explain_shows_what_audit_mode_rules_would_have_decided() -> None:
+def test_explain_shows_what_audit_mode_rules_would_have_decided(examples: Path) -> None:
     result = explain(
-        str(EXAMPLES),
+        str(examples),
         "--capability",
         "orders.refund",
         "--input",
@@ -165,8 +175,8 @@ def test_explain_validates_input_against_the_snapshot_beside_the_policies(
     )
 
 
-def test_explain_refuses_bad_arguments_with_one_clear_message() -> None:
-    args = [str(EXAMPLES), "--capability", "orders.get"]
+def test_explain_refuses_bad_arguments_with_one_clear_message(examples: Path) -> None:
+    args = [str(examples), "--capability", "orders.get"]
     cases = [
         (["--actor-claims", "{nope"], "Invalid value for --actor-claims: not JSON"),
         (["--actor-claims", "[]"], "Invalid value for --actor-claims: must be a JSON object"),

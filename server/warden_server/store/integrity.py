@@ -23,14 +23,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
-import secrets
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from warden.shared.canonical import canonical_json
+from warden_server import keyfiles
 from warden_server.store.base import StoreError
 
 SEALED_TABLES: Final = ("capabilities", "approvals", "idempotency_keys")
@@ -70,25 +68,14 @@ class RowSeal:
         """
         path = key_path(store_path)
         try:
-            if not path.exists():
-                if not create:
-                    raise IntegrityKeyMissing(
-                        f"{store_path} has rows sealed with an integrity key, but {path} is "
-                        "missing: restore it beside the store (without it no row can be trusted)"
-                    )
-                _create_once(path)
-            text = path.read_text(encoding="ascii").strip()
-            mode = stat.S_IMODE(path.stat().st_mode)
-        except OSError as exc:
-            raise StoreError(f"{path}: {exc.strerror or exc}") from None
-        if mode & 0o077:
-            raise StoreError(f"{path}: the integrity key must be readable by its owner only (0600)")
-        try:
-            key = bytes.fromhex(text)
-        except ValueError:
-            key = b""
-        if len(key) != KEY_BYTES:
-            raise StoreError(f"{path}: not an integrity key ({KEY_BYTES * 2} hex digits)")
+            key = keyfiles.hex_key(path, create=create, size=KEY_BYTES)
+        except keyfiles.KeyFileError as exc:
+            raise StoreError(f"integrity key {exc}") from None
+        if key is None:
+            raise IntegrityKeyMissing(
+                f"{store_path} has rows sealed with an integrity key, but {path} is "
+                "missing: restore it beside the store (without it no row can be trusted)"
+            )
         return cls(key)
 
     def mac(self, table: str, row: Mapping[str, Any]) -> str:
@@ -112,24 +99,6 @@ class RowSeal:
 
 def key_path(store_path: Path) -> Path:
     return store_path.with_name(store_path.name + KEY_SUFFIX)
-
-
-def _create_once(path: Path) -> None:
-    """Write a fresh key to ``path`` unless another process already has: the key
-    is complete in a temporary file before it is linked into place."""
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(descriptor, secrets.token_bytes(KEY_BYTES).hex().encode("ascii") + b"\n")
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    try:
-        os.link(temporary, path)
-    except FileExistsError:
-        pass  # another process made it first: everyone uses that one
-    finally:
-        temporary.unlink()
 
 
 def _plain(value: Any) -> Any:

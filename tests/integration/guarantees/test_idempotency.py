@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 import threading
 import uuid
 from collections.abc import Callable
@@ -410,6 +411,34 @@ def test_replays_survive_a_restart_with_the_same_replay_key(
     assert decision(plant, unreadable.invocation_id)["reason"] == (
         f"replay-unreadable:{first.invocation_id}"
     )
+
+
+def test_replays_survive_a_restart_with_the_plane_s_own_replay_key(
+    launch: Callable[..., Plant], ledger: Ledger
+) -> None:
+    """Without idempotency.replay_key the plane seals with a key it made once
+    beside its store (owner-only), so a success recorded before a restart is
+    replayed after it, not answered OUTCOME_UNKNOWN."""
+    plant = launch()
+    rt = build_payments(plant.target, ORDERS_TOKEN, ledger)
+    actor = plant.token()
+    try:
+        first = rt.invoke("orders.pay", pay_input(), actor=actor, idempotency_key="k-own")
+    finally:
+        rt.close()
+    plant.server.stop(grace=0)
+    key_file = plant.db_path.with_name(plant.db_path.name + ".replay-key")
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+    plant = launch()
+    rt = build_payments(plant.target, ORDERS_TOKEN, ledger)
+    try:
+        again = rt.invoke("orders.pay", pay_input(), actor=actor, idempotency_key="k-own")
+    finally:
+        rt.close()
+    assert again.status == "succeeded", again
+    assert again.replayed_from == first.invocation_id and again.output == first.output
+    assert ledger.runs() == 1
 
 
 def test_an_overlong_key_is_refused_and_recorded(pay_plant: Plant) -> None:
