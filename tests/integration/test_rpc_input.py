@@ -881,7 +881,7 @@ COMPLETE_REFUSALS: list[tuple[str, Metadata, Callable[[str, str], dict[str, Any]
         ORDERS,
         lambda i, t: {"grant_token": forge_grant(t)},
         grpc.StatusCode.PERMISSION_DENIED,
-        "grant not accepted: grant rejected: Signature verification failed",
+        "grant not accepted: grant rejected: bad signature",
     ),
     (
         "unspecified-status",

@@ -159,8 +159,15 @@ def decode(
                 "require": ["iss", "jti", "sub", "cap", "ver", "svc", "dig", "exp"],
             },
         )
-    except jwt.PyJWTError as exc:
-        raise GrantError(f"grant rejected: {exc}") from None
+    except jwt.InvalidSignatureError:
+        raise GrantError("grant rejected: bad signature") from None
+    except jwt.InvalidIssuerError:
+        raise GrantError("grant rejected: another issuer") from None
+    except jwt.MissingRequiredClaimError as exc:
+        raise GrantError(f"grant rejected: no {exc.claim} claim") from None
+    except jwt.PyJWTError:
+        # PyJWT's own words describe its internals, not the grant.
+        raise GrantError("grant rejected: not a valid grant token") from None
     if not isinstance(payload["exp"], int):
         raise GrantError("grant rejected: exp is not an integer")
     moment = time.time() if now is None else now
