@@ -227,10 +227,20 @@ class Registry:
             raise InvalidRequest("invalid capability definitions:\n  " + "\n  ".join(problems))
         foreign = [d.id for d in definitions if not service.owns(d.id)]
         if foreign:
-            raise PermissionDenied(
+            refusal = (
                 f"service {service.name!r} does not own the namespace of {', '.join(foreign)} "
                 f"(it owns: {', '.join(service.namespaces)})"
             )
+            # An attempt on another service's namespace is on the record (SI-7).
+            event = AuditEvent(
+                kind="registry",
+                status="refused",
+                capability_id=foreign[0],
+                service=service.name,
+                reason=refusal[:1000],
+            )
+            self._store.transact(lambda tx: tx.append_audit(event))
+            raise PermissionDenied(refusal)
         if refuse is not None:
             refuse(definitions)
 

@@ -262,7 +262,15 @@ def test_si7_service_cannot_register_outside_its_namespaces(
         )
 
     assert lab_plant.rows("SELECT * FROM capabilities") == []
-    assert lab_plant.events(kind="registry") == []
+    # Every attempt is on the record, with who tried which namespace.
+    refused = lab_plant.events(kind="registry")
+    assert [(e["status"], e["service"], e["capability_id"]) for e in refused] == [
+        ("refused", "billing", "orders.note"),
+        ("refused", "orders", "billing.charge"),
+        ("refused", "orders", "ordersextra.refund"),
+        ("refused", "billing", "orders.refund"),
+    ]
+    assert all("does not own the namespace" in e["reason"] for e in refused)
     # Its own namespace works.
     billing = runtimes(capability_id="billing.charge", service="billing", token=BILLING_TOKEN)
     (own,) = billing.register()
