@@ -451,6 +451,15 @@ def test_every_command_says_no_plane_at_target_alike(
         assert result.output == f"Error: no plane at {target}: {why}\n"
 
 
+@pytest.mark.parametrize("command", PLANE_COMMANDS, ids=" ".join)
+def test_every_command_refuses_a_target_that_is_not_host_port(command: tuple[str, ...]) -> None:
+    """gRPC would take port 99999 as port 34463, another plane's perhaps."""
+    for target in ("127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1", ":50051", "host:port"):
+        result = run(*command, "--target", target, "--token", "any-token")
+        assert result.exit_code == 2, (target, result.output)
+        assert f"{target!r} is not HOST:PORT with a port from 1 to 65535" in result.output
+
+
 def test_a_plane_that_answers_is_quoted_with_its_status_alike(plant: Plant) -> None:
     outsider = plant.token(roles=("support",))
     for command in [c for c in PLANE_COMMANDS if c[0] != "approvals"]:

@@ -30,7 +30,13 @@ from warden_server.audit.events import KINDS
 from warden_server.audit.reader import GROUPINGS, MAX_LIMIT, AuditFilter, Stats, plain
 from warden_server.audit.retention import PruneRefused, prune
 from warden_server.cli.audit_sources import AuditSource, LocalSource, RemoteSource
-from warden_server.cli.common import CONFIG_OPTION, STORE_OPTION, load, open_store
+from warden_server.cli.common import (
+    CONFIG_OPTION,
+    STORE_OPTION,
+    checked_target,
+    load,
+    open_store,
+)
 from warden_server.config import Config
 from warden_server.errors import RequestError
 
@@ -59,6 +65,7 @@ def source_options(command: F) -> F:
             click.option(
                 "--target",
                 metavar="HOST:PORT",
+                callback=checked_target,
                 help="Read through the plane's audit API instead of the store file.",
             ),
             click.option(

@@ -25,11 +25,27 @@ CONFIG_OPTION = click.option(
 )
 STORE_OPTION = click.option("--store", help="The SQLite store (default: the config's).")
 DEFAULT_TARGET = "127.0.0.1:50051"
+
+
+def checked_target(
+    _context: click.Context | None, _param: click.Parameter | None, value: str | None
+) -> str | None:
+    """``--target`` as HOST:PORT (or a ``unix:`` path); gRPC would quietly take
+    port 99999 as another port."""
+    if value is None or value.startswith("unix:"):
+        return value
+    host, colon, port = value.rpartition(":")
+    if not (colon and host and port.isdigit() and 0 < int(port) < 65_536):
+        raise click.BadParameter(f"{value!r} is not HOST:PORT with a port from 1 to 65535")
+    return value
+
+
 TARGET_OPTION = click.option(
     "--target",
     default=DEFAULT_TARGET,
     show_default=True,
     envvar="WARDEN_TARGET",
+    callback=checked_target,
     help="The plane's host:port (or set WARDEN_TARGET).",
 )
 

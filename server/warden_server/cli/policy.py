@@ -17,7 +17,7 @@ from warden.shared.schema import InvalidSchemaError, compile_validator, validati
 from warden.shared.tls import sync_channel
 from warden.v1 import policy_pb2, policy_pb2_grpc
 from warden_server.auth.actors import AuthenticationError, actor_from_claims
-from warden_server.cli.common import TARGET_OPTION, open_store_file, rpc_refused
+from warden_server.cli.common import TARGET_OPTION, checked_target, open_store_file, rpc_refused
 from warden_server.cli.common import tls_credentials as _tls_credentials
 from warden_server.errors import InvalidRequest
 from warden_server.policy import typecheck
@@ -39,7 +39,9 @@ SNAPSHOT = "capabilities.json"
 DIRECTORY = click.argument(
     "directory", type=click.Path(file_okay=False, path_type=Path), default="policies"
 )
-TARGET = click.option("--target", metavar="HOST:PORT", help="A running plane.")
+TARGET = click.option(
+    "--target", metavar="HOST:PORT", callback=checked_target, help="A running plane."
+)
 TOKEN = click.option(
     "--token",
     envvar="WARDEN_TOKEN",
