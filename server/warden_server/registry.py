@@ -337,6 +337,15 @@ class Registry:
         (read through an index: the cost follows those namespaces alone)."""
         return [self._capability(r) for r in self._store.latest_capabilities(namespaces)]
 
+    def every_version(self) -> list[Capability]:
+        """Every registered version of every capability, oldest first per id: a
+        pinned older version can still be called, so the rules must hold for it."""
+        return [
+            self._capability(record)
+            for latest in self._store.latest_capabilities()
+            for record in self._store.capability_versions(latest.id)
+        ]
+
     def _capability(self, record: CapabilityRecord) -> Capability:
         key = (record.id, record.version)
         with self._lock:

@@ -44,8 +44,11 @@ MAX_RECORDED_PROBLEMS_CHARS = 16_000
 
 
 def input_schemas(registry: Registry) -> list[InputSchema]:
-    """The registered capabilities' input schemas (latest versions) for the checker."""
-    return [InputSchema(c.id, c.definition.input_schema, c.version) for c in registry.latest()]
+    """The input schema of every registered capability version, for the checker
+    (a pinned older version can still be called)."""
+    return [
+        InputSchema(c.id, c.definition.input_schema, c.version) for c in registry.every_version()
+    ]
 
 
 def load_at_start(

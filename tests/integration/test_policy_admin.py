@@ -37,7 +37,7 @@ ILL_TYPED_PROBLEM = (
 )
 MISSPELLED_PROBLEM = (
     "rules[0].when: input.amout: input has no field 'amout' in the input schema of "
-    "orders.refund (fields: amount, order_id)"
+    "orders.refund v1 (fields: amount, order_id)"
 )
 
 

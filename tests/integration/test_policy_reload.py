@@ -12,11 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from click.testing import CliRunner
 
 from tests.conftest import ORDERS_TOKEN, Plant, make_config
 from tests.integration.lab import Lab, build_lab
+from warden.v1 import registry_pb2, registry_pb2_grpc
 from warden_server.app import serve
 from warden_server.audit.chain import verify_rows
 from warden_server.cli import main
@@ -321,3 +323,49 @@ def test_a_set_whose_tests_fail_loads_when_the_gate_is_off(tmp_path: Path) -> No
         assert running.plane.reloader.reload() == "loaded"
     finally:
         running.stop(grace=0)
+
+
+def test_si12_rules_must_type_check_against_every_registered_version(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    """A caller pinned to an older version still reaches the rules: a field
+    only the newest version declares is refused, naming the version without it."""
+    folder = tmp_path / "live"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text(SET_A)
+    plant = start_plane(folder, watch_policies=False)
+    rt = build_lab(plant.target, ORDERS_TOKEN, Lab())
+    rt.register()
+    first = rt.capabilities["orders.echo"].to_proto()
+    schema = json.loads(first.input_schema_json)
+    schema["properties"]["priority"] = {"type": "integer"}
+    newer = registry_pb2.CapabilityDefinition()
+    newer.CopyFrom(first)
+    newer.version = ""
+    newer.input_schema_json = json.dumps(schema)
+    with grpc.insecure_channel(plant.target) as channel:
+        (registered,) = (
+            registry_pb2_grpc.RegistryStub(channel)
+            .Register(
+                registry_pb2.RegisterRequest(capabilities=[newer]),
+                metadata=(("x-warden-service-token", ORDERS_TOKEN),),
+                timeout=10,
+            )
+            .capabilities
+        )
+    assert registered.definition.version == "2"
+    reloader, holder = plant.server.plane.reloader, plant.server.plane.policies
+    before = holder.current()
+    write_atomically(
+        folder / "zz-priority.yaml",
+        'rules:\n  - id: urgent\n    capabilities: ["orders.echo"]\n'
+        "    effect: deny\n    when: 'input.priority > 3'\n",
+    )
+    assert reloader.reload() == "rejected"
+    rejected = holder.status().rejected
+    assert rejected is not None
+    assert any(
+        "has no field 'priority' in the input schema of orders.echo v1" in p.message
+        for p in rejected.problems
+    ), rejected.problems
+    assert holder.current() is before

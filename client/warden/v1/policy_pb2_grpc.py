@@ -57,7 +57,7 @@ class PoliciesServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListCapabilities(self, request, context):
-        """The latest version of every registered capability: what
+        """Every registered version of every capability: what
         `warden policy check --target` checks `input` fields against.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

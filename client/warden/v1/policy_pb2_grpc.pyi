@@ -38,7 +38,7 @@ class PoliciesStub:
     GetStatus: _grpc.UnaryUnaryMultiCallable[_policy_pb2.PolicyStatusRequest, _policy_pb2.PolicyStatus]
     """The policy set in force and the last change that was refused, if any."""
     ListCapabilities: _grpc.UnaryUnaryMultiCallable[_policy_pb2.PolicyCapabilitiesRequest, _policy_pb2.PolicyCapabilitiesResponse]
-    """The latest version of every registered capability: what
+    """Every registered version of every capability: what
     `warden policy check --target` checks `input` fields against.
     """
 
@@ -48,7 +48,7 @@ class PoliciesAsyncStub(PoliciesStub):
     GetStatus: _aio.UnaryUnaryMultiCallable[_policy_pb2.PolicyStatusRequest, _policy_pb2.PolicyStatus]  # type: ignore[assignment]
     """The policy set in force and the last change that was refused, if any."""
     ListCapabilities: _aio.UnaryUnaryMultiCallable[_policy_pb2.PolicyCapabilitiesRequest, _policy_pb2.PolicyCapabilitiesResponse]  # type: ignore[assignment]
-    """The latest version of every registered capability: what
+    """Every registered version of every capability: what
     `warden policy check --target` checks `input` fields against.
     """
 
@@ -67,7 +67,7 @@ class PoliciesServicer(metaclass=_abc_1.ABCMeta):
         request: _policy_pb2.PolicyCapabilitiesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_policy_pb2.PolicyCapabilitiesResponse, _abc.Awaitable[_policy_pb2.PolicyCapabilitiesResponse]]:
-        """The latest version of every registered capability: what
+        """Every registered version of every capability: what
         `warden policy check --target` checks `input` fields against.
         """
 

@@ -304,7 +304,8 @@ def policy_explain(
     capability.update(side_effect="write", tags=[])
     issues: list[dict[str, str]] = []
     if records is not None:
-        record = next((r for r in records if r.get("id") == capability_id), None)
+        # The newest version: snapshots list each id's versions oldest first.
+        record = next((r for r in reversed(records) if r.get("id") == capability_id), None)
         if record is None:
             raise click.ClickException(f"{capability_id}: no such capability in the {origin}")
         for key in ("version", "service", "side_effect", "tags"):
@@ -422,7 +423,7 @@ def policy_status(target: str, token: str | None, as_json: bool) -> None:
 def policy_capabilities(
     store: Path | None, target: str | None, token: str | None, out: Path | None
 ) -> None:
-    """Print a capabilities snapshot (JSON): the latest version of every
+    """Print a capabilities snapshot (JSON): every version of every
     registered capability. Kept as policies/capabilities.json, it lets
     `warden policy check` type-check inputs offline (in CI, say)."""
     if (store is None) == (target is None):
@@ -496,12 +497,12 @@ def _capability_records(
 def _registered(
     store: Path | None, target: str | None, token: str | None
 ) -> list[tuple[CapabilityDefinition, str]]:
-    """The latest version of every registered capability, with its service,
-    read from a store file or asked of a running plane."""
+    """Every registered version of every capability, with its service, read
+    from a store file or asked of a running plane."""
     if store is not None:
         opened = open_store_file(store)
         try:
-            return [(c.definition, c.service) for c in Registry(opened).latest()]
+            return [(c.definition, c.service) for c in Registry(opened).every_version()]
         finally:
             opened.close()
     assert target is not None

@@ -40,7 +40,11 @@ def missing_field(schemas: Sequence[InputSchema], path: tuple[str, ...]) -> str 
             best = (depth, known)
     assert best is not None, "missing_field needs at least one schema"
     depth, known = best
-    ids = ", ".join(sorted({s.capability_id for s in schemas}))
+    ids = ", ".join(
+        sorted(
+            {f"{s.capability_id} v{s.version}" if s.version else s.capability_id for s in schemas}
+        )
+    )
     where = "input" + "".join(f".{p}" for p in path[:depth])
     fields = f" (fields: {', '.join(sorted(known))})" if known else ""
     full = "input." + ".".join(path)

@@ -34,5 +34,7 @@ class PoliciesServicer(policy_pb2_grpc.PoliciesServicer):
     ) -> policy_pb2.PolicyCapabilitiesResponse:
         self._authorize(request.actor_token, "listing capabilities for policy checks")
         return policy_pb2.PolicyCapabilitiesResponse(
-            capabilities=[convert.capability_to_proto(c) for c in self._plane.registry.latest()]
+            capabilities=[
+                convert.capability_to_proto(c) for c in self._plane.registry.every_version()
+            ]
         )

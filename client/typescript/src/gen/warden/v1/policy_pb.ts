@@ -212,7 +212,7 @@ export const Policies: GenService<{
     output: typeof PolicyStatusSchema;
   },
   /**
-   * The latest version of every registered capability: what
+   * Every registered version of every capability: what
    * `warden policy check --target` checks `input` fields against.
    *
    * @generated from rpc warden.v1.Policies.ListCapabilities
