@@ -10,6 +10,7 @@ record of a load is durable before the first decision can use the new set.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from datetime import UTC, datetime
@@ -30,7 +31,7 @@ from warden_server.policy.loader import (
     read_policy_folder,
 )
 from warden_server.policy.serving import evaluator_for, serving
-from warden_server.policy.testing import failing_tests
+from warden_server.policy.testing import failing_tests, test_files
 from warden_server.registry import Registry
 from warden_server.store import Store, WriteTransaction
 
@@ -93,6 +94,9 @@ class PolicyReloader:
         self._holder = holder
         self._directory = Path(config.policies_path).absolute()
         self._lock = threading.Lock()
+        self._refused_tests = ""
+        """The digest of the test files when the last change was refused: with
+        ``require_passing_tests`` a fixed test alone can lift the refusal."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -120,7 +124,11 @@ class PolicyReloader:
                 if status.rejected is not None:
                     self._holder.settle()
                 return "unchanged"
-            if status.rejected is not None and source.revision == status.rejected.revision:
+            if (
+                status.rejected is not None
+                and source.revision == status.rejected.revision
+                and self._tests_digest() == self._refused_tests
+            ):
                 return "unchanged"
             try:
                 policies = _compile(self._config, source, self._registry, status.current)
@@ -143,8 +151,23 @@ class PolicyReloader:
             )
             return "loaded"
 
+    def _tests_digest(self) -> str:
+        """What the folder's tests are, when they gate a set (else nothing)."""
+        if not self._config.policies.require_passing_tests:
+            return ""
+        digest = hashlib.sha256()
+        for path in test_files(self._directory):
+            try:
+                content = path.read_bytes()
+            except OSError:
+                content = b""
+            digest.update(f"{path.name}\0{len(content)}\0".encode())
+            digest.update(content)
+        return digest.hexdigest()
+
     def _refuse(self, error: PolicyLoadError) -> ReloadResult:
         status = self._holder.status()
+        self._refused_tests = self._tests_digest()
         if status.rejected is not None and (status.rejected.revision, status.rejected.problems) == (
             error.revision,
             tuple(error.problems),
@@ -171,7 +194,11 @@ class PolicyReloader:
             self._thread.join(timeout=10)
 
     def _watch(self) -> None:
-        ignore = watchfiles.DefaultFilter(ignore_paths=[self._directory / "tests"])
+        # The tests gate a set when they must pass; otherwise editing them changes nothing.
+        tests_gate = self._config.policies.require_passing_tests
+        ignore = watchfiles.DefaultFilter(
+            ignore_paths=[] if tests_gate else [self._directory / "tests"]
+        )
         while not self._stop.is_set():
             try:
                 for _changes in watchfiles.watch(

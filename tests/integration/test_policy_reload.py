@@ -308,6 +308,15 @@ def test_si12_a_set_whose_own_tests_fail_is_not_loaded_and_status_names_the_case
     assert f"{folder}/tests/limits.yaml:3:1: test 'a small number is refused' fails" in (
         status.output
     )
+    # Fixing the test alone lifts the refusal: the tests gate the set.
+    assert reloader.reload() == "unchanged"
+    write_atomically(
+        folder / "tests" / "limits.yaml",
+        FAILING_TEST.replace("{effect: deny, rule: limit}", "{effect: allow, rule: allow-all}"),
+    )
+    assert reloader.reload() == "loaded"
+    assert holder.status().rejected is None
+    assert holder.current() is not before
 
 
 def test_a_set_whose_tests_fail_loads_when_the_gate_is_off(tmp_path: Path) -> None:
