@@ -17,10 +17,12 @@ $(NPM_STAMP): $(TS)/package-lock.json
 	cd $(TS) && npm ci --no-audit --no-fund
 	touch $(NPM_STAMP)
 
-$(STAMP): pyproject.toml
+# Both distributions, editable: the SDK (client/, `warden`) and the plane with
+# the development tools (`warden-server[dev]`, which depends on the SDK).
+$(STAMP): pyproject.toml client/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e ./client -e '.[dev]'
 	touch $(STAMP)
 
 .PHONY: help
@@ -28,7 +30,7 @@ help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-12s %s\n", $$1, $$2}'
 
 .PHONY: install
-install: $(STAMP) ## Create .venv and install Warden with its development tools
+install: $(STAMP) ## Create .venv with the SDK and the plane (editable) and the development tools
 
 .PHONY: run
 run: $(STAMP) ## Serve the plane on 127.0.0.1:50051 with policies/ and var/warden.db

@@ -10,12 +10,14 @@ from warden.adapters import mcp, openai
 
 SURFACE = {
     openai: {
-        "tools": {"actor", "context"},
-        "atools": {"actor", "context"},
-        "call": {"actor", "context", "cancel"},
-        "acall": {"actor", "context", "cancel"},
+        "tools": {"actor", "context", "strict"},
+        "atools": {"actor", "context", "strict"},
+        "call": {"actor", "context", "cancel", "strict"},
+        "acall": {"actor", "context", "cancel", "strict"},
         "tool_name": set(),
         "capability_id": set(),
+        "strict_schema": set(),
+        "strict_arguments": set(),
     },
     mcp: {
         "build_server": {"actor", "context", "cancel", "name", "version"},

@@ -15,7 +15,7 @@ import pytest
 
 import warden
 from warden._envelope import Envelope
-from warden.adapters import mcp
+from warden.adapters import mcp, openai
 from warden.adapters._translate import answer
 from warden.shared.canonical import NotCanonicalizable, canonical_json, digest, strict_loads
 from warden.shared.redaction import sensitive_texts
@@ -166,6 +166,18 @@ def run_adapter(case: Case) -> None:
     assert {"result": shown} == expect["mcp"]
 
 
+def run_strict_tool(case: Case) -> None:
+    expect = case["expect"]
+    if "strict" in expect:
+        assert openai.strict_schema(case["schema"]) == expect["strict"]
+        return
+    passed = openai.strict_arguments(case["arguments"], case["schema"])
+    if "text" in expect:
+        assert passed == expect["text"]
+    else:
+        assert json.loads(passed) == expect["arguments"]
+
+
 RUNNERS: dict[str, Callable[[Case], None]] = {
     "errors.json": run_error,
     "envelopes.json": run_envelope,
@@ -174,6 +186,7 @@ RUNNERS: dict[str, Callable[[Case], None]] = {
     "grants.json": run_grant,
     "markings.json": run_marking,
     "adapters.json": run_adapter,
+    "strict-tools.json": run_strict_tool,
 }
 CASES = [
     pytest.param(name, case, id=f"{name}:{case['name']}")

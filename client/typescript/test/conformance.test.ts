@@ -8,6 +8,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { toolResult, UNKNOWN_TOOL } from "../src/adapters/mcp.js";
+import { strictArguments, strictSchema } from "../src/adapters/openai.js";
 import { answer } from "../src/adapters/translate.js";
 import { canonicalJson, digest, NotCanonicalizable, parseJson } from "../src/canonical.js";
 import { type Envelope, failed, succeeded, suspended, unwrap } from "../src/envelope.js";
@@ -143,6 +144,15 @@ const RUNNERS: Record<string, (c: Case) => void | Promise<void>> = {
       return;
     }
     assert.deepEqual({ result: toolResult(result) }, c.expect.mcp);
+  },
+  "strict-tools.json": (c) => {
+    if ("strict" in c.expect) {
+      assert.deepEqual(strictSchema(c.schema), c.expect.strict);
+      return;
+    }
+    const passed = strictArguments(c.arguments, c.schema);
+    if ("text" in c.expect) assert.equal(passed, c.expect.text);
+    else assert.deepEqual(passed, c.expect.arguments);
   },
 };
 

@@ -95,6 +95,16 @@ function definitions(
 
 /** Keywords strict mode refuses; they stay in the registered schema, checked by the plane. */
 const UNSUPPORTED = new Set(["default", "title", "$schema"]);
+/** Keywords whose value maps names to schemas (the names are not keywords). */
+const SCHEMA_MAPS = new Set(["properties", "$defs", "definitions", "patternProperties"]);
+/** Keywords whose value is data, not a schema. */
+const VALUES = new Set(["const", "enum", "examples", "required"]);
+
+type Node = Record<string, unknown>;
+
+function isNode(value: unknown): value is Node {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
 
 /**
  * A JSON Schema in the form strict mode accepts: objects closed, every
@@ -106,24 +116,21 @@ export function strictSchema(schema: Schema): Schema {
 
 function strictNode(node: unknown): unknown {
   if (Array.isArray(node)) return node.map(strictNode);
-  if (node === null || typeof node !== "object") return node;
-  const source = node as Record<string, unknown>;
-  const out: Record<string, unknown> = {};
-  for (const [key, value] of Object.entries(source)) {
+  if (!isNode(node)) return node;
+  const out: Node = {};
+  for (const [key, value] of Object.entries(node)) {
     if (UNSUPPORTED.has(key)) continue;
-    if (key === "properties" && value !== null && typeof value === "object") {
-      out.properties = Object.fromEntries(
-        Object.entries(value as Record<string, unknown>).map(([k, v]) => [k, strictNode(v)]),
-      );
-    } else if (key === "const" || key === "enum") {
+    if (SCHEMA_MAPS.has(key) && isNode(value)) {
+      out[key] = Object.fromEntries(Object.entries(value).map(([k, v]) => [k, strictNode(v)]));
+    } else if (VALUES.has(key)) {
       out[key] = value;
     } else {
       out[key] = strictNode(value);
     }
   }
-  if (source.type === "object" || "properties" in source) {
-    const properties = (out.properties ?? {}) as Record<string, unknown>;
-    const required = new Set(Array.isArray(source.required) ? (source.required as string[]) : []);
+  if (node.type === "object" || "properties" in node) {
+    const properties = (out.properties ?? {}) as Node;
+    const required = new Set(Array.isArray(node.required) ? (node.required as string[]) : []);
     for (const [name, property] of Object.entries(properties)) {
       if (!required.has(name)) properties[name] = nullable(property);
     }
@@ -135,14 +142,16 @@ function strictNode(node: unknown): unknown {
 }
 
 function nullable(schema: unknown): unknown {
-  if (schema === null || typeof schema !== "object") return schema;
-  const s = schema as Record<string, unknown>;
-  if (typeof s.type === "string" && !("enum" in s) && !("const" in s)) {
-    return s.type === "null" ? s : { ...s, type: [s.type, "null"] };
+  if (!isNode(schema)) return schema;
+  if (typeof schema.type === "string" && !("enum" in schema) && !("const" in schema)) {
+    return schema.type === "null" ? schema : { ...schema, type: [schema.type, "null"] };
   }
-  if (Array.isArray(s.type))
-    return s.type.includes("null") ? s : { ...s, type: [...s.type, "null"] };
-  return { anyOf: [s, { type: "null" }] };
+  if (Array.isArray(schema.type))
+    return schema.type.includes("null") ? schema : { ...schema, type: [...schema.type, "null"] };
+  const anyOf = Array.isArray(schema.anyOf) ? schema.anyOf : [];
+  if (anyOf.some((s) => isNode(s) && s.type === "null" && Object.keys(s).length === 1))
+    return schema;
+  return { anyOf: [schema, { type: "null" }] };
 }
 
 /**
@@ -162,7 +171,7 @@ export async function call(
 ): Promise<string> {
   const id = capabilityId(name);
   const spec = runtime.capabilities.get(id);
-  const input = options.strict && spec ? withoutOptionalNulls(args, spec.inputSchema) : args;
+  const input = options.strict && spec ? strictArguments(args, spec.inputSchema) : args;
   const envelope = await runtime.invoke(id, input, {
     actor: options.actor,
     context: options.context ?? {},
@@ -172,26 +181,66 @@ export async function call(
   return answer(envelope).text;
 }
 
-function withoutOptionalNulls(args: string, schema: Schema): string | Json {
+/**
+ * The arguments a strict-mode model wrote, with the nulls it had to write for
+ * optional properties taken out, at any depth (through `$ref`, `anyOf` and
+ * array items). Text that is not JSON is returned as it is, for the plane to
+ * answer and record.
+ */
+export function strictArguments(args: string, schema: Schema): string | Json {
   let value: Json;
   try {
     value = parseJson(args);
   } catch {
     return args; // the plane answers INPUT_INVALID at stage adapter, and records it
   }
-  return dropNulls(value, schema);
+  return dropNulls(value, schema, schema as Node);
 }
 
-function dropNulls(value: Json, schema: unknown): Json {
-  if (value === null || typeof value !== "object" || Array.isArray(value)) return value;
-  if (schema === null || typeof schema !== "object") return value;
-  const s = schema as Record<string, unknown>;
-  const properties = (s.properties ?? {}) as Record<string, unknown>;
-  const required = new Set(Array.isArray(s.required) ? (s.required as string[]) : []);
+function dropNulls(value: Json, schema: unknown, root: Node): Json {
+  if (Array.isArray(value)) {
+    const items = resolve(schema, root).items;
+    return value.map((item) => dropNulls(item, branch(item, items, root), root));
+  }
+  if (value === null || typeof value !== "object") return value;
+  const node = branch(value, schema, root);
+  const properties = isNode(node.properties) ? node.properties : {};
+  const required = new Set(Array.isArray(node.required) ? (node.required as string[]) : []);
   const out: JsonObject = {};
   for (const [key, item] of Object.entries(value)) {
-    if (item === null && !required.has(key) && key in properties) continue;
-    out[key] = dropNulls(item, properties[key]);
+    if (item === null && key in properties && !required.has(key)) continue;
+    out[key] = dropNulls(item, properties[key], root);
   }
   return out;
+}
+
+/** A schema with its local references (`#/$defs/Name`) followed. */
+function resolve(schema: unknown, root: Node): Node {
+  let node = schema;
+  for (let depth = 0; depth < 32; depth++) {
+    const ref = isNode(node) ? node.$ref : undefined;
+    if (typeof ref !== "string" || !ref.startsWith("#")) break;
+    let target: unknown = root;
+    for (const part of ref.slice(1).split("/").filter(Boolean)) {
+      const name = part.replaceAll("~1", "/").replaceAll("~0", "~");
+      target = isNode(target) ? target[name] : undefined;
+    }
+    node = target;
+  }
+  return isNode(node) ? node : {};
+}
+
+/** The schema a value is read by: the first `anyOf`/`oneOf` branch of its kind. */
+function branch(value: Json, schema: unknown, root: Node): Node {
+  const node = resolve(schema, root);
+  const kind = Array.isArray(value) ? "array" : isNode(value) ? "object" : null;
+  const options = [
+    ...(Array.isArray(node.anyOf) ? node.anyOf : []),
+    ...(Array.isArray(node.oneOf) ? node.oneOf : []),
+  ];
+  for (const option of options) {
+    const b = resolve(option, root);
+    if (b.type === kind || (kind === "object" && "properties" in b)) return b;
+  }
+  return node;
 }
