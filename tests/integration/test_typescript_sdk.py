@@ -215,7 +215,11 @@ def test_one_plane_two_languages_one_log(
     assert all("4111111111111111" not in json.dumps(r) for r in charges)  # SI-5
     approval_kinds = [r["status"] for r in rows if r["kind"] == "approval"]
     assert "approved" in approval_kinds and "consumed" in approval_kinds
-    assert not [r for r in rows if r["capability_id"] == "orders.sneak"]  # SI-7: nothing registered
+    # SI-7: nothing registered, and the attempt is on the record.
+    sneaks = [
+        (r["kind"], r["status"], r["service"]) for r in rows if r["capability_id"] == "orders.sneak"
+    ]
+    assert sneaks == [("registry", "refused", "billing")]
 
     verified = CliRunner().invoke(
         main, ["audit", "verify", "--store", str(polyglot.db_path)], catch_exceptions=False

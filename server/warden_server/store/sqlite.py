@@ -413,28 +413,28 @@ class SQLiteStore:
         Raises:
             StoreError: the file cannot be opened or is not a Warden store.
         """
-        conn: sqlite3.Connection | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = _connect(self.path)
             # Processes sharing the file take turns at writing through this lock,
             # which wakes the next writer the moment it is released; SQLite's own
             # busy handler would have it sleep and retry (up to 100 ms a time).
             turns = os.open(f"{self.path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
-        except (OSError, sqlite3.Error) as exc:
-            if conn is not None:
-                conn.close()
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot open the store: {_reason(exc)}") from None
+        # Planes starting together on a fresh file open (turning it to WAL),
+        # migrate and seal it one at a time: the later ones find it current.
+        fcntl.flock(turns, fcntl.LOCK_EX)
+        try:
+            conn = _connect(self.path)
+        except sqlite3.Error as exc:
+            fcntl.flock(turns, fcntl.LOCK_UN)
+            os.close(turns)
             raise StoreError(f"{self.path}: cannot open the store: {_reason(exc)}") from None
         try:
-            # Every append updates a dozen indexes: keep their hot pages in memory.
-            conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-            # Planes starting together on a fresh file migrate it one at a
-            # time: the later ones find the schema current.
             self._write_conn, self._turns = conn, turns
-            # Planes starting together on a fresh file migrate (and seal) it
-            # one at a time: the later ones find the schema current.
-            fcntl.flock(turns, fcntl.LOCK_EX)
             try:
+                # Every append updates a dozen indexes: keep their hot pages in memory.
+                conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
                 try:
                     migrate(conn)
