@@ -30,9 +30,9 @@ from typing import Any, Final
 
 from benchmarks import verdict, write_results
 from warden_server.audit import reader
-from warden_server.audit.events import COLUMNS, AuditEvent, iso
 from warden_server.audit.reader import NEWEST_FIRST, AuditFilter
 from warden_server.audit.times import parse_time
+from warden_server.records.events import COLUMNS, AuditEvent, iso
 from warden_server.store import SQLiteStore, WriteTransaction
 
 RECORDS: Final = 1_000_000

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from warden_server.approvals.audit import approval_event
 from warden_server.approvals.events import ApprovalChange
-from warden_server.audit.events import iso
+from warden_server.records.events import iso
 from warden_server.store import ApprovalRecord, WriteTransaction
 
 if TYPE_CHECKING:

@@ -1,8 +1,14 @@
-"""Persistence behind one interface: the registry, invocations (grants),
-approvals and the audit log. SQLite today; PostgreSQL implements the same
-protocols when the plane is scaled out."""
+"""Persistence behind interfaces of their own: the registry, invocations
+(grants), approvals, idempotency keys and the audit log (writing and
+queries). The only package that speaks SQL."""
 
-from warden_server.store.base import Store, StoreError, WriteTransaction
+from warden_server.store.base import (
+    AuditQueries,
+    Store,
+    StoreError,
+    StoreUnreadable,
+    WriteTransaction,
+)
 from warden_server.store.records import (
     ApprovalRecord,
     CapabilityRecord,
@@ -13,11 +19,13 @@ from warden_server.store.sqlite import SQLiteStore
 
 __all__ = [
     "ApprovalRecord",
+    "AuditQueries",
     "CapabilityRecord",
     "IdempotencyRecord",
     "InvocationRecord",
     "SQLiteStore",
     "Store",
     "StoreError",
+    "StoreUnreadable",
     "WriteTransaction",
 ]
