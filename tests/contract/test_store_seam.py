@@ -106,6 +106,7 @@ def test_only_the_store_contains_sql() -> None:
 
 def test_the_sql_detector_sees_what_the_audit_reader_used_to_splice() -> None:
     # What audit/reader.py and audit/retention.py passed to the store before the seam.
-    for text in ("ts >= :cutoff", "seq <= :end", "tenant IN (:scope0)", "SELECT 1 FROM audit_events"):
+    spliced = ("ts >= :cutoff", "seq <= :end", "tenant IN (:scope0)", "SELECT 1 FROM audit_events")
+    for text in spliced:
         assert SQL.search(text), text
     assert not SQL.search("SELECT to non-message"), "a CEL error message is not SQL"
