@@ -98,7 +98,8 @@ class Sweeper:
     def _run(self) -> None:
         while not self._stopped.wait(self._interval):
             try:
-                expire_due(self._plane)
+                if self._plane.store.leads():  # once for every plane on the store
+                    expire_due(self._plane)
             except Exception:
                 # A failed sweep is retried at the next tick; expiry itself is
                 # enforced at every use, so nothing waits on it.

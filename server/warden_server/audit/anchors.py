@@ -219,4 +219,5 @@ class AnchorPublisher:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            self.publish()
+            if self._store.leads():  # once for every plane on the store
+                self.publish()

@@ -168,5 +168,6 @@ class RetentionScheduler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.run_once()
+            if self._store.leads():  # once for every plane on the store
+                self.run_once()
             self._stop.wait(self._interval)

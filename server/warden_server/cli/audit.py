@@ -349,6 +349,10 @@ CORRUPTION_SHOWN = 5
 def _check_file(config_path: str, store: str | None) -> None:
     """Exit 2 when SQLite's quick check finds the store file damaged,
     which a walk of the chain alone would miss in an index."""
+    if store is None and load(config_path).store_url is not None:
+        return  # PostgreSQL checks its own pages (data checksums, amcheck)
+    if store is not None and "://" in store:
+        return
     path = Path(store) if store else load(config_path).store_path
     if not path.exists():
         raise click.ClickException(f"{path}: no such store")

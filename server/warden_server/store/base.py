@@ -251,4 +251,9 @@ class Store(AuditQueries, RegistryReads, ApprovalReads, IdempotencyReads, Protoc
 
     def get_invocation(self, invocation_id: str) -> InvocationRecord | None: ...
 
+    def leads(self) -> bool:
+        """Whether this plane runs the periodic work done once for every plane
+        on the store (approval expiry, retention, anchors); asked before each run."""
+        ...
+
     def close(self) -> None: ...

@@ -43,6 +43,7 @@ from warden_server.store.records import (
     IdempotencyRecord,
     InvocationRecord,
 )
+from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -63,12 +64,6 @@ def _insert(table: str, record_type: type, *, sealed: bool = False) -> str:
 
 _INSERT_INVOCATION = _insert("invocations", InvocationRecord)
 _INSERT_APPROVAL = _insert("approvals", ApprovalRecord, sealed=True)
-
-
-def _row(record: Any) -> dict[str, Any]:
-    """A record's fields as named parameters (a shallow ``asdict``: records hold
-    only flat values, and this runs for every grant)."""
-    return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
 _STOP = object()
@@ -115,65 +110,10 @@ class _ChainHead:
     hash: str
 
 
-_ROW_NAMES: dict[str, Callable[[Mapping[str, Any]], str]] = {
-    "capabilities": lambda row: f"{row['id']}@{row['version']}",
-    "approvals": lambda row: str(row["approval_id"]),
-    "idempotency_keys": lambda row: f"held by invocation {row['invocation_id']}",
-}
-"""How a report names a row of each sealed table."""
-
-
-class _Sealed:
-    """Seals rows as they are written and opens them, checked, as they are read."""
-
-    def __init__(self, seal: RowSeal, report: Callable[[TamperedRow], None]) -> None:
-        self.seal = seal
-        self._report = report
-
-    def sealed(self, table: str, values: Mapping[str, Any]) -> dict[str, Any]:
-        """``values`` with their MAC, to write."""
-        row = dict(values)
-        row["mac"] = self.seal.mac(table, row)
-        return row
-
-    def opened(self, table: str, row: Mapping[str, Any]) -> dict[str, Any]:
-        """A row's values without its MAC, once the MAC holds.
-
-        Raises:
-            TamperedRow: it does not (the row is reported, not used).
-        """
-        values = dict(row)
-        if not self.seal.holds(table, values):
-            error = TamperedRow(table, _ROW_NAMES[table](values))
-            self._report(error)
-            raise error
-        values.pop("mac", None)
-        return values
-
-    def capability(self, row: Mapping[str, Any]) -> CapabilityRecord:
-        return _capability(self.opened("capabilities", row))
-
-    def approval(self, row: Mapping[str, Any]) -> ApprovalRecord:
-        return ApprovalRecord(**self.opened("approvals", row))
-
-    def idempotency(self, row: Mapping[str, Any]) -> IdempotencyRecord:
-        return _idempotency(self.opened("idempotency_keys", row))
-
-    def each(self, open_row: Callable[[Any], T], rows: Iterator[Any]) -> list[T]:
-        """Every row that opens; a tampered one is left out (and reported)."""
-        opened = []
-        for row in rows:
-            try:
-                opened.append(open_row(row))
-            except TamperedRow:
-                continue
-        return opened
-
-
 class SQLiteTransaction:
     """The writes of one piece of work inside a group-committed transaction."""
 
-    def __init__(self, conn: sqlite3.Connection, head: _ChainHead, sealed: _Sealed) -> None:
+    def __init__(self, conn: sqlite3.Connection, head: _ChainHead, sealed: Sealed) -> None:
         self._conn = conn
         self._head = head
         self._sealed = sealed
@@ -248,7 +188,7 @@ class SQLiteTransaction:
 
     def insert_invocation(self, record: InvocationRecord) -> None:
         try:
-            self._conn.execute(_INSERT_INVOCATION, _row(record))
+            self._conn.execute(_INSERT_INVOCATION, row_values(record))
         except sqlite3.IntegrityError:
             raise Conflict(f"invocation id {record.invocation_id} was already granted") from None
 
@@ -263,7 +203,7 @@ class SQLiteTransaction:
         return bool(cursor.rowcount == 1)
 
     def insert_approval(self, record: ApprovalRecord) -> None:
-        self._conn.execute(_INSERT_APPROVAL, self._sealed.sealed("approvals", _row(record)))
+        self._conn.execute(_INSERT_APPROVAL, self._sealed.sealed("approvals", row_values(record)))
 
     def _transition(
         self,
@@ -451,7 +391,7 @@ class SQLiteStore:
                 except StoreError as exc:
                     raise StoreError(f"{self.path}: cannot open the store: {exc}") from None
                 seal = RowSeal.beside(self.path, create=not self._has_sealed_rows())
-                self._sealed = _Sealed(seal, self._report)
+                self._sealed = Sealed(seal, self._report)
                 if version < ROW_MACS_SINCE:
                     self._seal_rows_written_before_macs()
             finally:
@@ -524,7 +464,7 @@ class SQLiteStore:
         for table in SEALED_TABLES:
             for values in self._run(f"SELECT * FROM {table}", {}):  # noqa: S608 (fixed)
                 if not self._sealed.seal.holds(table, values):
-                    found.append(str(TamperedRow(table, _ROW_NAMES[table](values))))
+                    found.append(str(TamperedRow(table, ROW_NAMES[table](values))))
         return found
 
     def _load_chain_head(self) -> None:
@@ -615,6 +555,11 @@ class SQLiteStore:
                 job.future.set_result(result)
             else:
                 job.future.set_exception(failure)
+
+    def leads(self) -> bool:
+        # The processes sharing a file are one plane: its first process, the
+        # only one that starts the periodic work, does it.
+        return True
 
     # -- reading -----------------------------------------------------------
 
@@ -798,25 +743,6 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
     return str(exc)
-
-
-def _capability(row: Mapping[str, Any]) -> CapabilityRecord:
-    return CapabilityRecord(
-        id=row["id"],
-        version=row["version"],
-        service=row["service"],
-        digest=row["digest"],
-        definition=json.loads(row["definition"]),
-        registered_at=row["registered_at"],
-    )
-
-
-def _idempotency(row: Mapping[str, Any]) -> IdempotencyRecord:
-    values = dict(row)
-    executed = values.pop("executed_before_failure")
-    return IdempotencyRecord(
-        **values, executed_before_failure=None if executed is None else bool(executed)
-    )
 
 
 def damage(path: Path) -> list[str]:
