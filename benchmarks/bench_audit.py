@@ -30,10 +30,11 @@ from typing import Any, Final
 
 from benchmarks import verdict, write_results
 from warden_server.audit import reader
-from warden_server.audit.events import COLUMNS, AuditEvent, iso
-from warden_server.audit.reader import NEWEST_FIRST, AuditFilter
+from warden_server.audit.reader import AuditFilter
 from warden_server.audit.times import parse_time
+from warden_server.records.events import COLUMNS, AuditEvent, iso
 from warden_server.store import SQLiteStore, WriteTransaction
+from warden_server.store.audit_sql import NEWEST_FIRST
 
 RECORDS: Final = 1_000_000
 QUICK_RECORDS: Final = 1_000

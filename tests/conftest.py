@@ -7,6 +7,7 @@ import importlib.util
 import os
 import shutil
 import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -268,3 +269,28 @@ def lab_rt(lab_plant: Plant, lab: Any) -> Iterator[Any]:
     rt.register()
     yield rt
     rt.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A throw-away PostgreSQL server for this test worker (see tests/postgres.py)."""
+    from tests import postgres
+
+    bin_dir = postgres.binaries()
+    if bin_dir is None:
+        postgres.unavailable("no initdb (Debian: apt-get install postgresql)")
+    assert bin_dir is not None
+    server = postgres.Server(bin_dir)
+    try:
+        server.start()
+    except (OSError, subprocess.SubprocessError) as exc:
+        server.stop()
+        postgres.unavailable(f"it would not start: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: Any) -> str:
+    """A fresh, empty database on the test worker's PostgreSQL server."""
+    return str(postgres_server.fresh_database())

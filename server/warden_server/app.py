@@ -183,7 +183,8 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     if not plane.joined:
         sweeper = Sweeper(plane, plane.config.server.approval_sweep_seconds)
         sweeper.start()
-    tail = ApprovalTail(plane.store, plane.approval_events) if processes > 1 else None
+    shared = processes > 1 or plane.config.store_url is not None
+    tail = ApprovalTail(plane.store, plane.approval_events) if shared else None
     if tail is not None:
         tail.start()
     running = Server(

@@ -14,7 +14,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -31,6 +31,11 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+STORE_SCHEMES: Final = ("postgresql", "postgres")
+"""URL schemes of a PostgreSQL store."""
+POSTGRES_FILES: Final = "var/warden"
+
+
 class ServerSection(_Section):
     listen: str = "127.0.0.1:50051"
     """host:port the gRPC server binds; port 0 picks a free port."""
@@ -41,7 +46,10 @@ class ServerSection(_Section):
     tls_client_ca_file: str | None = None
     """PEM CA certificates: clients must present a certificate they signed (mutual TLS)."""
     store: str = "var/warden.db"
-    """The audit and registry store: a SQLite file path."""
+    """The audit and registry store: a SQLite file path, or a PostgreSQL
+    connection URL (``postgresql://user@host/db``) that replicas of the plane
+    share. The password comes from libpq's environment (``PGPASSWORD``), a
+    ``.pgpass`` file or a service file, never from this file."""
     policies: str = "policies"
     """The folder of policy files."""
     default_effect: Literal["allow", "deny"] = "deny"
@@ -90,14 +98,21 @@ class ServerSection(_Section):
         return self
 
     @model_validator(mode="after")
-    def _store_is_a_file(self) -> ServerSection:
-        # "postgresql://..." would otherwise be taken as a relative path: a
-        # "postgresql:" folder beside the config, quietly shared by replicas.
+    def _store_is_supported(self) -> ServerSection:
+        # Any other "scheme:..." would be taken as a relative path: a
+        # "mysql:" folder beside the config, quietly shared by replicas.
         scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):", self.store)
-        if scheme:
+        if scheme is None:
+            return self
+        if scheme.group(1) not in STORE_SCHEMES:
             raise ValueError(
-                f"store {self.store!r} names a {scheme.group(1)!r} URL; the supported store "
-                'is a SQLite file: give its path (e.g. store = "var/warden.db")'
+                f"store {self.store!r} names a {scheme.group(1)!r} URL; a store is a SQLite "
+                'file path (e.g. store = "var/warden.db") or a postgresql:// URL'
+            )
+        if re.match(r"^[a-z]+://[^/@]*:[^/@]*@", self.store) or "password=" in self.store:
+            raise ValueError(
+                "the store URL holds a password: give it through the environment "
+                "(PGPASSWORD), a .pgpass file or a service file, not the config"
             )
         return self
 
@@ -327,8 +342,17 @@ class Config(_Section):
         return self.server.processes or os.cpu_count() or 1
 
     @property
+    def store_url(self) -> str | None:
+        """The PostgreSQL URL of a replicated store; None for a SQLite file."""
+        store = self.server.store
+        return store if store.split(":", 1)[0] in STORE_SCHEMES else None
+
+    @property
     def store_path(self) -> Path:
-        return self.path(self.server.store)
+        """The SQLite store file; for a PostgreSQL store, the base name of the
+        files kept beside it on every replica (``var/warden``: its grant key,
+        integrity key and anchors)."""
+        return self.path(POSTGRES_FILES if self.store_url else self.server.store)
 
     @property
     def policies_path(self) -> Path:

@@ -21,7 +21,7 @@ from warden_server.policy.loader import Problem
 from warden_server.registry import Registry
 from warden_server.reload import PolicyReloader, load_at_start
 from warden_server.sealing import Sealer
-from warden_server.store import SQLiteStore, Store
+from warden_server.store import Store, open_store
 from warden_server.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -167,8 +167,9 @@ class Plane:
         telemetry = Telemetry.from_config(config.telemetry)
         # The store reports what it commits, so the metrics agree with the
         # log, the loading of the policy set at start included.
-        store = SQLiteStore(config.store_path, observer=telemetry)
-        shared = config.process_count > 1
+        store = open_store(config.store_url, config.store_path, observer=telemetry)
+        # Other processes, or other replicas, write to the same store.
+        shared = config.process_count > 1 or config.store_url is not None
         try:
             registry = Registry(store, config.limits)
             telemetry.metrics.declared_codes = registry.declared_codes

@@ -30,10 +30,10 @@ from warden.shared.schema import (
     compile_validator,
     marks_anything,
 )
-from warden_server.audit.events import AuditEvent, now_iso
 from warden_server.auth.services import Service
 from warden_server.config import LimitsSection
 from warden_server.errors import Conflict, InvalidRequest, PermissionDenied, ResourceExhausted
+from warden_server.records.events import AuditEvent, now_iso
 from warden_server.store import CapabilityRecord, Store, WriteTransaction
 
 SURFACES: Final = ("mcp", "openai", "direct")

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Literal
 import watchfiles
 
 from warden.shared.canonical import compact_json
-from warden_server.audit.events import AuditEvent
 from warden_server.config import Config
 from warden_server.policy.engine import PolicySet
 from warden_server.policy.inputs import InputSchema
@@ -32,6 +31,7 @@ from warden_server.policy.loader import (
 )
 from warden_server.policy.serving import evaluator_for, serving
 from warden_server.policy.testing import failing_tests, test_files
+from warden_server.records.events import AuditEvent
 from warden_server.registry import Registry
 from warden_server.store import Store, WriteTransaction
 

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from tests.conftest import ROOT
 from tests.integration import auditlog
-from warden_server.audit.events import COLUMNS
 from warden_server.cli import main
 from warden_server.cli.audit import audit
+from warden_server.records.events import COLUMNS
 from warden_server.telemetry import Telemetry
 
 DOC = (ROOT / "docs" / "audit.md").read_text()

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from warden_server.audit.events import AuditEvent
+from warden_server.records.events import AuditEvent
 from warden_server.store import SQLiteStore
 
 BASE = datetime(2026, 3, 1, tzinfo=UTC)

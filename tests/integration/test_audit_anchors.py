@@ -15,9 +15,9 @@ import warden
 from tests.conftest import ORDERS_TOKEN, Plant, make_config
 from tests.integration.lab import Lab, build_lab, write_lab_policies
 from warden_server.app import serve
-from warden_server.audit.chain import GENESIS, record_hash
 from warden_server.cli import main
 from warden_server.plane import Plane
+from warden_server.records.chain import GENESIS, record_hash
 
 
 def run(*args: str) -> tuple[int, str, str]:

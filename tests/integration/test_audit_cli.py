@@ -14,9 +14,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.integration import auditlog
-from warden_server.audit.chain import record_hash, verify_rows
-from warden_server.audit.events import COLUMNS
+from warden_server.audit.chain import verify_rows
 from warden_server.cli import main
+from warden_server.records.chain import record_hash
+from warden_server.records.events import COLUMNS
 
 NO_CONFIG = "no-such-config.toml"
 
@@ -479,7 +480,7 @@ def test_after_retention_another_key_fails_verification(
 def test_pruning_everything_leaves_its_own_record_and_the_chain_goes_on(
     db: Path, key: Path
 ) -> None:
-    from warden_server.audit.events import AuditEvent
+    from warden_server.records.events import AuditEvent
     from warden_server.store import SQLiteStore
 
     prune(db, key, "2100-01-01")

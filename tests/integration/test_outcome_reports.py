@@ -14,6 +14,7 @@ from tests.integration.lab import EchoIn, EchoOut, write_lab_policies
 from warden_server.app import Server, serve
 from warden_server.auth.actors import mint_token
 from warden_server.plane import Plane
+from warden_server.records.query import RecordFilter
 
 
 def free_port() -> int:
@@ -53,7 +54,7 @@ def test_an_outcome_reaches_a_plane_that_restarted_while_the_handler_ran(tmp_pat
         plane = servers[-1].plane
         records = [
             (r["kind"], r["status"])
-            for r in plane.store.audit_rows("invocation_id = :i", {"i": env.invocation_id})
+            for r in plane.store.audit_records(RecordFilter(invocation_id=env.invocation_id))
         ]
         assert records == [("decision", "granted"), ("outcome", "succeeded")]
         assert plane.store.get_invocation(env.invocation_id).state == "completed"  # type: ignore[union-attr]

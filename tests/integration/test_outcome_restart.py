@@ -36,6 +36,7 @@ from warden_server.app import serve
 from warden_server.auth.actors import mint_token
 from warden_server.config import load_config
 from warden_server.plane import Plane
+from warden_server.records.query import RecordFilter
 
 
 def lab_plane(start_plane: Callable[..., Plant], tmp_path: Path) -> Plant:
@@ -163,7 +164,7 @@ def test_an_idempotent_call_whose_report_outlived_a_restart_answers_its_outcome(
         assert second.flush(timeout_ms=30_000) == 0  # the earlier run's report, taken
         again = second.invoke("orders.ship", {"n": 7}, actor=actor, idempotency_key="ship-7")
         records = list(
-            servers[-1].plane.store.audit_rows("invocation_id = :i", {"i": env.invocation_id})
+            servers[-1].plane.store.audit_records(RecordFilter(invocation_id=env.invocation_id))
         )
     finally:
         second.close()

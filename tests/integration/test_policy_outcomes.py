@@ -117,7 +117,7 @@ def test_a_plane_refuses_to_start_on_a_broken_set_and_records_why(tmp_path: Path
     assert str(raised.value) == f"{folder}/rules.yaml:2:5: rules[0].effect: missing required key"
     store = SQLiteStore(config.store_path)
     try:
-        (row,) = store.audit_rows()
+        (row,) = store.audit_records()
     finally:
         store.close()
     assert (row["kind"], row["status"], row["reason"]) == ("policy", "rejected", "startup")

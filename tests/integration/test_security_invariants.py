@@ -335,7 +335,7 @@ def test_si4_reordered_records_are_named(lab_rt: warden.Runtime, lab_plant: Plan
 def test_si4_a_rehashed_edit_is_named_by_the_broken_link_after_it(
     lab_rt: warden.Runtime, lab_plant: Plant
 ) -> None:
-    from warden_server.audit.chain import record_hash
+    from warden_server.records.chain import record_hash
 
     db = _populated(lab_rt, lab_plant)
     row = next(r for r in lab_plant.rows() if r["seq"] == 4)

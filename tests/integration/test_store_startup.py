@@ -41,10 +41,8 @@ def test_planes_starting_together_on_a_fresh_file_migrate_it_once(tmp_path: Path
         conn.close()
 
 
-@pytest.mark.parametrize(
-    "store", ["postgresql://warden@db/warden", "postgres://db/warden", "mysql://db", "sqlite:x.db"]
-)
-def test_a_store_url_is_a_clear_config_error_not_a_relative_path(
+@pytest.mark.parametrize("store", ["mysql://db", "sqlite:x.db", "postgresq://db/warden"])
+def test_an_unsupported_store_url_is_a_clear_config_error_not_a_relative_path(
     tmp_path: Path, store: str
 ) -> None:
     base = make_config(tmp_path).model_dump()
@@ -52,5 +50,26 @@ def test_a_store_url_is_a_clear_config_error_not_a_relative_path(
     with pytest.raises(ConfigError) as raised:
         config_from_dict(base, base_dir=tmp_path)
     assert f"store {store!r} names a" in str(raised.value)
-    assert "SQLite file" in str(raised.value)
+    assert "postgresql:// URL" in str(raised.value)
     assert not any(tmp_path.iterdir()), "nothing may be created for a refused store"
+
+
+@pytest.mark.parametrize("store", ["postgresql://warden@db/warden", "postgres://db/warden"])
+def test_a_postgresql_url_is_a_store(tmp_path: Path, store: str) -> None:
+    base = make_config(tmp_path).model_dump()
+    base["server"]["store"] = store
+    config = config_from_dict(base, base_dir=tmp_path)
+    assert config.store_url == store
+    assert config.store_path == tmp_path / "var" / "warden"
+
+
+@pytest.mark.parametrize(
+    "store", ["postgresql://warden:secret@db/warden", "postgresql://db/warden?password=secret"]
+)
+def test_a_password_in_the_store_url_is_refused(tmp_path: Path, store: str) -> None:
+    base = make_config(tmp_path).model_dump()
+    base["server"]["store"] = store
+    with pytest.raises(ConfigError) as raised:
+        config_from_dict(base, base_dir=tmp_path)
+    assert "PGPASSWORD" in str(raised.value)
+    assert "secret" not in str(raised.value)

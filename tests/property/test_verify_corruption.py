@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from warden_server.audit.events import AuditEvent
 from warden_server.cli import main
+from warden_server.records.events import AuditEvent
 from warden_server.store import SQLiteStore, WriteTransaction
 
 PAGE = 4096

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warden.shared.canonical import NotCanonicalizable, canonical_json
-from warden_server.audit.chain import GENESIS, canonical_row, record_hash, verify_rows
+from warden_server.audit.chain import verify_rows
+from warden_server.records.chain import GENESIS, canonical_row, record_hash
 
 
 def chain(n: int, start_seq: int = 1, prev: str = GENESIS) -> list[dict[str, Any]]:

@@ -8,8 +8,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from warden_server.audit.events import AuditEvent
 from warden_server.audit.reader import verify
+from warden_server.records.events import AuditEvent
 from warden_server.store import SQLiteStore, WriteTransaction
 
 WAITING = 10

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import sqlite_utils
 
-from warden_server.audit.chain import GENESIS, record_hash
-from warden_server.audit.events import AuditEvent
+from warden_server.records.chain import GENESIS, record_hash
+from warden_server.records.events import AuditEvent
 from warden_server.store import SQLiteStore
 from warden_server.store.migrations import MIGRATIONS, _m007_outcome_reports
 

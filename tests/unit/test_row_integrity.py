@@ -12,6 +12,7 @@ import pytest
 
 from tests.unit.approval_records import CREATED, pending
 from warden_server.audit.reader import verify
+from warden_server.records.query import RecordFilter
 from warden_server.store import IdempotencyRecord, SQLiteStore
 from warden_server.store.integrity import IntegrityKeyMissing, TamperedRow, key_path
 
@@ -30,7 +31,7 @@ def edit(path: Path, sql: str) -> None:
 
 def integrity_records(store: SQLiteStore) -> list[str]:
     store.transact(lambda tx: None)  # the writer records reports in its next batch
-    return [r["reason"] for r in store.audit_rows("kind = 'integrity'")]
+    return [r["reason"] for r in store.audit_records(RecordFilter(kind="integrity"))]
 
 
 def test_the_integrity_key_is_made_once_beside_the_store_for_its_owner_only(

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import sqlite_utils
 
-from warden_server.audit.chain import GENESIS, record_hash
-from warden_server.audit.events import AuditEvent
 from warden_server.audit.reader import verify
+from warden_server.records.chain import GENESIS, record_hash
+from warden_server.records.events import AuditEvent
 from warden_server.store import SQLiteStore
 from warden_server.store.migrations import MIGRATIONS
 
@@ -44,7 +44,7 @@ def test_records_from_before_a_migration_still_verify(tmp_path: Path) -> None:
         store.transact(lambda tx: tx.append_audit(event))
         result = verify(store)
         assert result.ok and result.checked == 3
-        rows = list(store.audit_rows())
+        rows = list(store.audit_records())
         assert [(r["call_id"], r["attempt"]) for r in rows] == [
             (None, None),
             (None, None),

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from warden.shared.canonical import compact_json
-from warden_server.audit.events import AuditEvent
 from warden_server.auth.actors import Actor
+from warden_server.records.events import AuditEvent
 from warden_server.store import ApprovalRecord
 
 MAX_PRESENTED_ID = 200

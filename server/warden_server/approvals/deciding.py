@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from warden_server.approvals.audit import approval_event
 from warden_server.approvals.events import ApprovalChange
 from warden_server.approvals.expiry import as_of, expire, is_due
-from warden_server.audit.events import iso
 from warden_server.auth.actors import Actor, AuthenticationError
 from warden_server.errors import InvalidRequest, NotFound, PermissionDenied, RequestError
 from warden_server.policy.cel import EvaluationError, error_in_words
 from warden_server.policy.engine import PolicySet
 from warden_server.policy.variables import approver_variables
+from warden_server.records.events import iso
 from warden_server.store import ApprovalRecord, WriteTransaction
 
 if TYPE_CHECKING:

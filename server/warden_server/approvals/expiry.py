@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from warden_server.approvals.audit import approval_event
 from warden_server.approvals.events import ApprovalChange
-from warden_server.audit.events import iso
+from warden_server.records.events import iso
 from warden_server.store import ApprovalRecord, WriteTransaction
 
 if TYPE_CHECKING:
@@ -98,7 +98,8 @@ class Sweeper:
     def _run(self) -> None:
         while not self._stopped.wait(self._interval):
             try:
-                expire_due(self._plane)
+                if self._plane.store.leads():  # once for every plane on the store
+                    expire_due(self._plane)
             except Exception:
                 # A failed sweep is retried at the next tick; expiry itself is
                 # enforced at every use, so nothing waits on it.

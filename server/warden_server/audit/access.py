@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from warden.shared.canonical import compact_json
-from warden_server.audit.events import AuditEvent, now_iso
-from warden_server.audit.reader import AuditFilter, Scope
+from warden_server.audit.reader import AuditFilter
 from warden_server.auth.actors import Actor, AuthenticationError
 from warden_server.errors import PermissionDenied, RateLimited
+from warden_server.records.events import AuditEvent, now_iso
+from warden_server.records.query import Scope
 
 if TYPE_CHECKING:
     from warden_server.plane import Plane

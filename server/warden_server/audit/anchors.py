@@ -32,7 +32,7 @@ from cryptography.exceptions import InvalidSignature
 
 from warden.shared.canonical import canonical_json, compact_json
 from warden_server.audit.checkpoint import CheckpointSigner, CheckpointVerifier
-from warden_server.audit.events import now_iso
+from warden_server.records.events import now_iso
 
 if TYPE_CHECKING:
     from warden_server.store import Store
@@ -200,7 +200,7 @@ class AnchorPublisher:
     def publish(self) -> PublishedAnchor | None:
         """Append the head now, unless it is the one published last."""
         try:
-            anchor = head(next(self._store.audit_rows(order="seq DESC", limit=1), None))
+            anchor = head(self._store.audit_newest())
             if anchor is None or anchor == self._last:
                 return None
             published = PublishedAnchor(anchor, now_iso())
@@ -219,4 +219,5 @@ class AnchorPublisher:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            self.publish()
+            if self._store.leads():  # once for every plane on the store
+                self.publish()

@@ -12,34 +12,11 @@ while setting or clearing the column on any record breaks its hash.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
-from warden.shared.canonical import canonical_json
-
-GENESIS: Final = "0" * 64
-"""The ``prev_hash`` of the first record."""
-
-LATE_COLUMNS: Final = frozenset({"call_id", "attempt"})
-"""Columns added by later migrations: hashed only when not NULL."""
-
-
-def record_hash(row: Mapping[str, Any]) -> str:
-    """The hash of a row (every column but ``hash``; ``prev_hash`` included)."""
-    body = {
-        key: value
-        for key, value in row.items()
-        if key != "hash" and not (value is None and key in LATE_COLUMNS)
-    }
-    return hashlib.sha256(canonical_row(body)).hexdigest()
-
-
-def canonical_row(body: Mapping[str, Any]) -> bytes:
-    """RFC 8785 canonical JSON of a flat row (``canonical_json`` takes its fast
-    path for the text, null and integer columns of a record)."""
-    return canonical_json(dict(body))
+from warden_server.records.chain import GENESIS, record_hash
 
 
 @dataclass(frozen=True, slots=True)

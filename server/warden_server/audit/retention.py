@@ -16,10 +16,12 @@ from datetime import UTC, datetime
 from typing import Final
 
 from warden.shared.canonical import compact_json
-from warden_server.audit.chain import GENESIS, verify_rows
+from warden_server.audit.chain import verify_rows
 from warden_server.audit.checkpoint import CheckpointSigner
-from warden_server.audit.events import AuditEvent, now_iso
 from warden_server.audit.times import parse_time
+from warden_server.records.chain import GENESIS
+from warden_server.records.events import AuditEvent, now_iso
+from warden_server.records.query import RecordFilter
 from warden_server.store import Store, WriteTransaction
 
 log = logging.getLogger(__name__)
@@ -59,8 +61,8 @@ def prune(
         InvalidRequest: ``before`` is not a time.
     """
     cutoff = parse_time(before, now, "before")
-    keep = next(store.audit_rows("ts >= :cutoff", {"cutoff": cutoff}, order="seq", limit=1), None)
-    last = next(store.audit_rows(order="seq DESC", limit=1), None)
+    keep = next(store.audit_records(RecordFilter(since=cutoff), limit=1), None)
+    last = store.audit_newest()
     if last is None:
         return PruneResult(0, None, cutoff)
     through = keep["seq"] - 1 if keep is not None else last["seq"]
@@ -70,9 +72,8 @@ def prune(
     deleted = 0
     while start_seq <= through:
         end = min(start_seq + chunk - 1, through)
-        rows = list(
-            store.audit_rows("seq <= :end", {"end": end}, order="seq")
-        )  # includes any residue below start_seq, which verification rejects
+        # Includes any residue below start_seq, which verification rejects.
+        rows = list(store.audit_records(RecordFilter(through_seq=end)))
         result = verify_rows(rows, prev_hash, start_seq)
         if not result.ok:
             raise PruneRefused(
@@ -167,5 +168,6 @@ class RetentionScheduler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.run_once()
+            if self._store.leads():  # once for every plane on the store
+                self.run_once()
             self._stop.wait(self._interval)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from warden_server.audit.events import iso
 from warden_server.errors import InvalidRequest
 from warden_server.policy.model import parse_duration
+from warden_server.records.events import iso
 
 
 def parse_time(text: str, now: datetime, field: str = "time") -> str:

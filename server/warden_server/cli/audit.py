@@ -8,7 +8,6 @@ which scopes answers to the auditor's tenant and records each read.
 from __future__ import annotations
 
 import json
-import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -26,7 +25,6 @@ from warden_server.audit.checkpoint import (
     CheckpointSigner,
     CheckpointVerifier,
 )
-from warden_server.audit.events import KINDS
 from warden_server.audit.reader import GROUPINGS, MAX_LIMIT, AuditFilter, Stats, plain
 from warden_server.audit.retention import PruneRefused, prune
 from warden_server.cli.audit_sources import AuditSource, LocalSource, RemoteSource
@@ -39,6 +37,9 @@ from warden_server.cli.common import (
 )
 from warden_server.config import Config
 from warden_server.errors import RequestError
+from warden_server.records.events import KINDS
+from warden_server.store import StoreUnreadable
+from warden_server.store.sqlite import damage
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -353,25 +354,20 @@ CORRUPTION_SHOWN = 5
 
 
 def _check_file(config_path: str, store: str | None) -> None:
-    """Exit 2 when SQLite finds the store file damaged (``PRAGMA quick_check``),
+    """Exit 2 when SQLite's quick check finds the store file damaged,
     which a walk of the chain alone would miss in an index."""
+    if store is None and load(config_path).store_url is not None:
+        return  # PostgreSQL checks its own pages (data checksums, amcheck)
+    if store is not None and "://" in store:
+        return
     path = Path(store) if store else load(config_path).store_path
     if not path.exists():
         raise click.ClickException(f"{path}: no such store")
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            found = [
-                line.strip()
-                for (text,) in conn.execute("PRAGMA quick_check")
-                for line in str(text).splitlines()
-                if line.strip() and not line.startswith("*** in database")
-            ]
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as exc:
+        found = damage(path)
+    except StoreUnreadable as exc:
         _corrupt(f"{path} cannot be read as a SQLite database ({exc})")
-    if found != ["ok"]:
+    if found:
         more = len(found) - CORRUPTION_SHOWN
         shown = "; ".join(found[:CORRUPTION_SHOWN]) + (f"; and {more} more" if more > 0 else "")
         _corrupt(f"{path} is damaged: {shown}")

@@ -20,12 +20,13 @@ from warden.v1 import audit_pb2, audit_pb2_grpc
 from warden_server.audit import reader
 from warden_server.audit.chain import VerifyResult
 from warden_server.audit.checkpoint import CheckpointKeyError, CheckpointVerifier
-from warden_server.audit.reader import AuditFilter, Page, Stats
+from warden_server.audit.reader import AuditFilter, Stats
 from warden_server.cli.common import rpc_refused
 from warden_server.cli.common import tls_credentials as _tls_credentials
 from warden_server.errors import RequestError
+from warden_server.records.query import Page
 from warden_server.services import convert
-from warden_server.store import SQLiteStore
+from warden_server.store import Store
 
 T = TypeVar("T")
 
@@ -45,7 +46,7 @@ class AuditSource(Protocol):
 class LocalSource:
     """The store file, read directly: whoever can read the file reads every tenant."""
 
-    def __init__(self, store: SQLiteStore, key_file: Path | None) -> None:
+    def __init__(self, store: Store, key_file: Path | None) -> None:
         self._store = store
         self._key_file = key_file
 

@@ -12,8 +12,9 @@ import grpc
 
 from warden.shared.reach import NO_PLANE, unreachable
 from warden.shared.tls import TLS, TLSConfigError, credentials_of
-from warden_server.config import Config, ConfigError, load_config
-from warden_server.store import SQLiteStore, StoreError
+from warden_server.config import STORE_SCHEMES, Config, ConfigError, load_config
+from warden_server.store import SQLiteStore, Store, StoreError
+from warden_server.store import open_store as connect_store
 
 CONFIG_OPTION = click.option(
     "--config",
@@ -23,7 +24,9 @@ CONFIG_OPTION = click.option(
     show_default=True,
     help="The plane's TOML configuration.",
 )
-STORE_OPTION = click.option("--store", help="The SQLite store (default: the config's).")
+STORE_OPTION = click.option(
+    "--store", help="The SQLite store file or postgresql:// URL (default: the config's)."
+)
 DEFAULT_TARGET = "127.0.0.1:50051"
 
 
@@ -58,9 +61,22 @@ def load(path: str, **overrides: str | None) -> Config:
         raise click.ClickException(str(exc)) from None
 
 
-def open_store(config_path: str, store: str | None) -> SQLiteStore:
+def open_store(config_path: str, store: str | None) -> Store:
     """The store named by --store, else by the config; it must exist."""
+    if store is not None and store.split(":", 1)[0] in STORE_SCHEMES:
+        return _open_postgres(store, load(config_path).store_path)
+    if store is None:
+        config = load(config_path)
+        if config.store_url is not None:
+            return _open_postgres(config.store_url, config.store_path)
     return open_store_file(Path(store) if store else load(config_path).store_path)
+
+
+def _open_postgres(url: str, files: Path) -> Store:
+    try:
+        return connect_store(url, files)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def open_store_file(path: Path) -> SQLiteStore:

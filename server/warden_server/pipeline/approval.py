@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from warden_server.approvals.audit import approval_event
 from warden_server.approvals.events import ApprovalChange
 from warden_server.approvals.expiry import expire, is_due
-from warden_server.audit.events import iso
 from warden_server.pipeline.context import BeginContext
 from warden_server.pipeline.failure import Failure, fail
 from warden_server.policy.model import parse_duration
+from warden_server.records.events import iso
 from warden_server.store import ApprovalRecord, WriteTransaction
 
 if TYPE_CHECKING:

@@ -16,7 +16,6 @@ from warden.shared.canonical import compact_json
 from warden.shared.redaction import scrub_text, sensitive_texts
 from warden_server.approvals.audit import approval_event
 from warden_server.approvals.events import ApprovalChange
-from warden_server.audit.events import AuditEvent, iso
 from warden_server.errors import InvalidRequest
 from warden_server.grants import GrantClaims
 from warden_server.pipeline.approval import approval, record_refused_use
@@ -30,6 +29,7 @@ from warden_server.pipeline.resolve import resolve
 from warden_server.pipeline.validate import validate
 from warden_server.pipeline.visibility import visibility
 from warden_server.policy.engine import would_have
+from warden_server.records.events import AuditEvent, iso
 from warden_server.store import (
     ApprovalRecord,
     IdempotencyRecord,

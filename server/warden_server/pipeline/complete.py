@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from warden.shared.canonical import canonical_json, compact_json, digest, strict_loads
 from warden.shared.codes import STAGES
-from warden_server.audit.events import AuditEvent, now_iso
 from warden_server.auth.services import Service
 from warden_server.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from warden_server.grants import GrantError
 from warden_server.pipeline.idempotency import records_for_replay, replay_binding
+from warden_server.records.events import AuditEvent, now_iso
 from warden_server.store import IdempotencyRecord, InvocationRecord, WriteTransaction
 
 if TYPE_CHECKING:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from warden_server.audit.events import iso
 from warden_server.pipeline.context import BeginContext
 from warden_server.pipeline.failure import Failure, fail
+from warden_server.records.events import iso
 from warden_server.store import IdempotencyRecord
 
 if TYPE_CHECKING:

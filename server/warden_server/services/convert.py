@@ -27,8 +27,7 @@ from warden.v1 import (
 )
 from warden_server.approvals.deciding import ApprovalView
 from warden_server.audit.chain import VerifyResult
-from warden_server.audit.events import COLUMNS
-from warden_server.audit.reader import AuditFilter, Page, Stats, StatsRow
+from warden_server.audit.reader import AuditFilter, Stats, StatsRow
 from warden_server.auth.actors import Actor
 from warden_server.config import LimitsSection
 from warden_server.errors import InvalidRequest
@@ -37,6 +36,8 @@ from warden_server.pipeline.failure import Failure
 from warden_server.pipeline.idempotency import Replayed
 from warden_server.plane import PolicyStatus
 from warden_server.policy.loader import Problem
+from warden_server.records.events import COLUMNS
+from warden_server.records.query import Page
 from warden_server.registry import (
     SURFACES,
     Capability,

@@ -1,12 +1,17 @@
-"""The store's interfaces: a write transaction and the store around it."""
+"""The store's interfaces, one per concern: audit writing and audit queries,
+the registry, invocations, approvals and idempotency keys. A write
+transaction offers every concern's writes, so that what one request writes
+commits together; readers depend on the interface of their concern only.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
-from warden_server.audit.checkpoint import Checkpoint
-from warden_server.audit.events import AuditEvent
+from warden_server.records.checkpoint import Checkpoint
+from warden_server.records.events import AuditEvent
+from warden_server.records.query import EVERYTHING, Page, PageRequest, RecordFilter, Scope
 from warden_server.store.records import (
     ApprovalRecord,
     CapabilityRecord,
@@ -21,9 +26,15 @@ class StoreError(Exception):
     """The store could not do what was asked (I/O, a full disk, a closed store)."""
 
 
-class WriteTransaction(Protocol):
-    """Writes that commit together. Audit events appended here are durable
-    when ``Store.transact`` returns, and are undone if the work raises."""
+class StoreUnreadable(StoreError):
+    """The store's data cannot be read back: a damaged file or page."""
+
+
+# -- writing, inside one transaction ---------------------------------------
+
+
+class AuditWriter(Protocol):
+    """Appends to the audit log's hash chain, and prunes it."""
 
     def append_audit(self, event: AuditEvent) -> int:
         """Append an audit record; returns its sequence number."""
@@ -31,10 +42,6 @@ class WriteTransaction(Protocol):
 
     def audit_hash(self, seq: int) -> str | None:
         """The hash of audit record ``seq``, or None if there is none."""
-        ...
-
-    def claim_invocation(self, invocation_id: str) -> bool:
-        """Make ``invocation_id`` decided; False when a decision already claimed it."""
         ...
 
     def last_policy_event(self) -> tuple[str, str | None] | None:
@@ -46,6 +53,8 @@ class WriteTransaction(Protocol):
         starting point (replacing older checkpoints); returns how many were deleted."""
         ...
 
+
+class RegistryWrites(Protocol):
     def capability_versions(self, capability_id: str) -> list[CapabilityRecord]:
         """Every version of a capability, oldest first, as this transaction sees it."""
         ...
@@ -57,6 +66,12 @@ class WriteTransaction(Protocol):
 
     def insert_capability(self, record: CapabilityRecord) -> None: ...
 
+
+class InvocationWrites(Protocol):
+    def claim_invocation(self, invocation_id: str) -> bool:
+        """Make ``invocation_id`` decided; False when a decision already claimed it."""
+        ...
+
     def insert_invocation(self, record: InvocationRecord) -> None: ...
 
     def complete_invocation(
@@ -66,6 +81,8 @@ class WriteTransaction(Protocol):
         its outcome in record ``outcome_seq``; False if it was not ``granted``."""
         ...
 
+
+class ApprovalWrites(Protocol):
     def insert_approval(self, record: ApprovalRecord) -> None: ...
 
     def consume_approval(self, approval_id: str, consumed_at: str) -> bool:
@@ -89,6 +106,8 @@ class WriteTransaction(Protocol):
         """Up to ``limit`` pending or approved approvals whose time is up, oldest first."""
         ...
 
+
+class IdempotencyWrites(Protocol):
     def reserve_idempotency(self, record: IdempotencyRecord, now: str) -> bool:
         """Reserve a key unless a reservation that has not expired by ``now``
         holds it; False if one does. Expired reservations are purged."""
@@ -112,6 +131,13 @@ class WriteTransaction(Protocol):
         ...
 
 
+class WriteTransaction(
+    AuditWriter, RegistryWrites, InvocationWrites, ApprovalWrites, IdempotencyWrites, Protocol
+):
+    """Writes that commit together. Audit events appended here are durable
+    when ``Store.transact`` returns, and are undone if the work raises."""
+
+
 class StoreObserver(Protocol):
     """Told about every committed batch (metrics and logs; never sensitive data)."""
 
@@ -120,32 +146,53 @@ class StoreObserver(Protocol):
         ...
 
 
-class Store(Protocol):
-    """Everything the plane persists."""
+# -- reading ---------------------------------------------------------------
 
-    def transact(
-        self, work: Callable[[WriteTransaction], T], *, deadline: float | None = None
-    ) -> T:
-        """Run ``work`` in a write transaction and return once it is durable.
 
-        Concurrent callers' transactions may be committed together (group
-        commit); each one's work is isolated, so one failing undoes only itself.
-        Work that has not started by ``deadline`` (``time.monotonic()``) never
-        runs: ``StoreError`` is raised instead.
+class AuditQueries(Protocol):
+    """The reader side of the audit log: typed filters, never query text."""
+
+    def audit_page(self, f: RecordFilter, scope: Scope, page: PageRequest) -> Page:
+        """Matching records newest first (``ts``, then ``seq``), one page."""
+        ...
+
+    def audit_records(
+        self, f: RecordFilter = EVERYTHING, scope: Scope = None, *, limit: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Matching records as column dicts, oldest first (in chain order).
+
+        Raises:
+            StoreUnreadable: the records cannot be read back (also while iterating).
         """
         ...
 
-    def get_capability(self, capability_id: str, version: str) -> CapabilityRecord | None: ...
+    def audit_newest(self) -> dict[str, Any] | None:
+        """The newest record, or None when the log holds none."""
+        ...
 
-    def approval_transitions(self, after_seq: int, limit: int) -> list[tuple[int, str, str]]:
-        """``(seq, transition, approval_id)`` of the approval records after
-        ``after_seq``, oldest first: how a plane hears of other processes'
-        approval changes."""
+    def audit_counts(
+        self, column: str, f: RecordFilter = EVERYTHING, scope: Scope = None
+    ) -> list[tuple[Any, int, str, str]]:
+        """``(value, count, first ts, last ts)`` of matching records per value of
+        ``column`` (one of ``records.query.GROUPABLE``)."""
         ...
 
     def last_seq(self) -> int:
         """The sequence number of the newest audit record (0 when there is none)."""
         ...
+
+    def audit_checkpoint(self) -> Checkpoint | None:
+        """The newest retention checkpoint, or None if nothing was ever pruned."""
+        ...
+
+    def tampered_rows(self) -> list[str]:
+        """Every row of the registry, approvals and idempotency keys whose
+        integrity check fails, described (see ``store/integrity.py``)."""
+        ...
+
+
+class RegistryReads(Protocol):
+    def get_capability(self, capability_id: str, version: str) -> CapabilityRecord | None: ...
 
     def latest_version(self, capability_id: str) -> str | None:
         """The newest registered version of a capability, or None."""
@@ -160,10 +207,24 @@ class Store(Protocol):
         ``namespaces`` unless it is None."""
         ...
 
-    def get_invocation(self, invocation_id: str) -> InvocationRecord | None: ...
 
+class ApprovalReads(Protocol):
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
 
+    def list_approvals(
+        self, tenant: str, states: Sequence[str] = (), limit: int = 100
+    ) -> list[ApprovalRecord]:
+        """A tenant's approvals, newest first; only those in ``states`` unless empty."""
+        ...
+
+    def approval_transitions(self, after_seq: int, limit: int) -> list[tuple[int, str, str]]:
+        """``(seq, transition, approval_id)`` of the approval records after
+        ``after_seq``, oldest first: how a plane hears of other processes'
+        approval changes."""
+        ...
+
+
+class IdempotencyReads(Protocol):
     def get_idempotency(
         self, service: str, capability_id: str, actor_id: str, key: str
     ) -> IdempotencyRecord | None: ...
@@ -172,41 +233,27 @@ class Store(Protocol):
         """The reservation an invocation holds, if any."""
         ...
 
-    def list_approvals(
-        self, tenant: str, states: Sequence[str] = (), limit: int = 100
-    ) -> list[ApprovalRecord]:
-        """A tenant's approvals, newest first; only those in ``states`` unless empty."""
+
+class Store(AuditQueries, RegistryReads, ApprovalReads, IdempotencyReads, Protocol):
+    """Everything the plane persists."""
+
+    def transact(
+        self, work: Callable[[WriteTransaction], T], *, deadline: float | None = None
+    ) -> T:
+        """Run ``work`` in a write transaction and return once it is durable.
+
+        Concurrent callers' transactions may be committed together (group
+        commit); each one's work is isolated, so one failing undoes only itself.
+        Work that has not started by ``deadline`` (``time.monotonic()``) never
+        runs: ``StoreError`` is raised instead.
+        """
         ...
 
-    def audit_rows(
-        self,
-        where: str = "",
-        params: Mapping[str, Any] | None = None,
-        order: str = "seq",
-        limit: int | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """Audit records as column dicts (the reader side of the audit log)."""
-        ...
+    def get_invocation(self, invocation_id: str) -> InvocationRecord | None: ...
 
-    def audit_counts(
-        self, column: str, where: str = "", params: Mapping[str, Any] | None = None
-    ) -> list[tuple[Any, int, str, str]]:
-        """``(value, count, first ts, last ts)`` of matching records per value of ``column``."""
-        ...
-
-    def audit_count(
-        self, where: str = "", params: Mapping[str, Any] | None = None, *, at_most: int
-    ) -> int:
-        """How many records match, counting no further than ``at_most``."""
-        ...
-
-    def audit_checkpoint(self) -> Checkpoint | None:
-        """The newest retention checkpoint, or None if nothing was ever pruned."""
-        ...
-
-    def tampered_rows(self) -> list[str]:
-        """Every row of the registry, approvals and idempotency keys whose
-        integrity check fails, described (see ``store/integrity.py``)."""
+    def leads(self) -> bool:
+        """Whether this plane runs the periodic work done once for every plane
+        on the store (approval expiry, retention, anchors); asked before each run."""
         ...
 
     def close(self) -> None: ...

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from warden.shared.canonical import canonical_json
-from warden_server import keyfiles
+from warden_server.keyfiles import KeyFileError, hex_key
 from warden_server.store.base import StoreError
 
 SEALED_TABLES: Final = ("capabilities", "approvals", "idempotency_keys")
@@ -68,8 +68,8 @@ class RowSeal:
         """
         path = key_path(store_path)
         try:
-            key = keyfiles.hex_key(path, create=create, size=KEY_BYTES)
-        except keyfiles.KeyFileError as exc:
+            key = hex_key(path, create=create, size=KEY_BYTES)
+        except KeyFileError as exc:
             raise StoreError(f"integrity key {exc}") from None
         if key is None:
             raise IntegrityKeyMissing(

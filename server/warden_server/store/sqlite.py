@@ -28,11 +28,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from warden_server.audit.chain import GENESIS, record_hash
-from warden_server.audit.checkpoint import Checkpoint
-from warden_server.audit.events import COLUMNS, AuditEvent
 from warden_server.errors import Conflict
-from warden_server.store.base import StoreError, StoreObserver
+from warden_server.records.chain import GENESIS, record_hash
+from warden_server.records.checkpoint import Checkpoint
+from warden_server.records.events import COLUMNS, AuditEvent
+from warden_server.records.query import EVERYTHING, Page, PageRequest, RecordFilter, Scope
+from warden_server.store import audit_sql
+from warden_server.store.base import StoreError, StoreObserver, StoreUnreadable
 from warden_server.store.integrity import SEALED_TABLES, RowSeal, TamperedRow
 from warden_server.store.migrations import ROW_MACS_SINCE, migrate
 from warden_server.store.records import (
@@ -41,6 +43,7 @@ from warden_server.store.records import (
     IdempotencyRecord,
     InvocationRecord,
 )
+from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -63,16 +66,18 @@ _INSERT_INVOCATION = _insert("invocations", InvocationRecord)
 _INSERT_APPROVAL = _insert("approvals", ApprovalRecord, sealed=True)
 
 
-def _row(record: Any) -> dict[str, Any]:
-    """A record's fields as named parameters (a shallow ``asdict``: records hold
-    only flat values, and this runs for every grant)."""
-    return {f.name: getattr(record, f.name) for f in fields(record)}
-
-
 _STOP = object()
 _PURGE_BATCH = 100
 """Expired idempotency keys purged per reservation: bounded work per request."""
 WRITER_CACHE_KIB = 65_536
+
+
+SQLITE: Final = audit_sql.Dialect(
+    glob=lambda column, param: f"{column} GLOB :{param}",
+    glob_value=lambda pattern: pattern,
+    # A unary plus keeps SQLite's planner off the column's index.
+    off_index=lambda column: f"+{column}",
+)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -105,65 +110,10 @@ class _ChainHead:
     hash: str
 
 
-_ROW_NAMES: dict[str, Callable[[Mapping[str, Any]], str]] = {
-    "capabilities": lambda row: f"{row['id']}@{row['version']}",
-    "approvals": lambda row: str(row["approval_id"]),
-    "idempotency_keys": lambda row: f"held by invocation {row['invocation_id']}",
-}
-"""How a report names a row of each sealed table."""
-
-
-class _Sealed:
-    """Seals rows as they are written and opens them, checked, as they are read."""
-
-    def __init__(self, seal: RowSeal, report: Callable[[TamperedRow], None]) -> None:
-        self.seal = seal
-        self._report = report
-
-    def sealed(self, table: str, values: Mapping[str, Any]) -> dict[str, Any]:
-        """``values`` with their MAC, to write."""
-        row = dict(values)
-        row["mac"] = self.seal.mac(table, row)
-        return row
-
-    def opened(self, table: str, row: Mapping[str, Any]) -> dict[str, Any]:
-        """A row's values without its MAC, once the MAC holds.
-
-        Raises:
-            TamperedRow: it does not (the row is reported, not used).
-        """
-        values = dict(row)
-        if not self.seal.holds(table, values):
-            error = TamperedRow(table, _ROW_NAMES[table](values))
-            self._report(error)
-            raise error
-        values.pop("mac", None)
-        return values
-
-    def capability(self, row: Mapping[str, Any]) -> CapabilityRecord:
-        return _capability(self.opened("capabilities", row))
-
-    def approval(self, row: Mapping[str, Any]) -> ApprovalRecord:
-        return ApprovalRecord(**self.opened("approvals", row))
-
-    def idempotency(self, row: Mapping[str, Any]) -> IdempotencyRecord:
-        return _idempotency(self.opened("idempotency_keys", row))
-
-    def each(self, open_row: Callable[[Any], T], rows: Iterator[Any]) -> list[T]:
-        """Every row that opens; a tampered one is left out (and reported)."""
-        opened = []
-        for row in rows:
-            try:
-                opened.append(open_row(row))
-            except TamperedRow:
-                continue
-        return opened
-
-
 class SQLiteTransaction:
     """The writes of one piece of work inside a group-committed transaction."""
 
-    def __init__(self, conn: sqlite3.Connection, head: _ChainHead, sealed: _Sealed) -> None:
+    def __init__(self, conn: sqlite3.Connection, head: _ChainHead, sealed: Sealed) -> None:
         self._conn = conn
         self._head = head
         self._sealed = sealed
@@ -238,7 +188,7 @@ class SQLiteTransaction:
 
     def insert_invocation(self, record: InvocationRecord) -> None:
         try:
-            self._conn.execute(_INSERT_INVOCATION, _row(record))
+            self._conn.execute(_INSERT_INVOCATION, row_values(record))
         except sqlite3.IntegrityError:
             raise Conflict(f"invocation id {record.invocation_id} was already granted") from None
 
@@ -253,7 +203,7 @@ class SQLiteTransaction:
         return bool(cursor.rowcount == 1)
 
     def insert_approval(self, record: ApprovalRecord) -> None:
-        self._conn.execute(_INSERT_APPROVAL, self._sealed.sealed("approvals", _row(record)))
+        self._conn.execute(_INSERT_APPROVAL, self._sealed.sealed("approvals", row_values(record)))
 
     def _transition(
         self,
@@ -441,7 +391,7 @@ class SQLiteStore:
                 except StoreError as exc:
                     raise StoreError(f"{self.path}: cannot open the store: {exc}") from None
                 seal = RowSeal.beside(self.path, create=not self._has_sealed_rows())
-                self._sealed = _Sealed(seal, self._report)
+                self._sealed = Sealed(seal, self._report)
                 if version < ROW_MACS_SINCE:
                     self._seal_rows_written_before_macs()
             finally:
@@ -512,10 +462,9 @@ class SQLiteStore:
         """Every row of the tables that decide whose MAC does not hold, described."""
         found = []
         for table in SEALED_TABLES:
-            for row in self._reader().execute(f"SELECT * FROM {table}"):  # noqa: S608 (fixed)
-                values = dict(row)
+            for values in self._run(f"SELECT * FROM {table}", {}):  # noqa: S608 (fixed)
                 if not self._sealed.seal.holds(table, values):
-                    found.append(str(TamperedRow(table, _ROW_NAMES[table](values))))
+                    found.append(str(TamperedRow(table, ROW_NAMES[table](values))))
         return found
 
     def _load_chain_head(self) -> None:
@@ -606,6 +555,11 @@ class SQLiteStore:
                 job.future.set_result(result)
             else:
                 job.future.set_exception(failure)
+
+    def leads(self) -> bool:
+        # The processes sharing a file are one plane: its first process, the
+        # only one that starts the periodic work, does it.
+        return True
 
     # -- reading -----------------------------------------------------------
 
@@ -725,52 +679,34 @@ class SQLiteStore:
         params.append(int(limit))
         return self._sealed.each(self._sealed.approval, self._reader().execute(sql, params))
 
-    def audit_rows(
-        self,
-        where: str = "",
-        params: Mapping[str, Any] | None = None,
-        order: str = "seq",
-        limit: int | None = None,
+    def _run(self, sql: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Rows of a read as column dicts; a damaged file is ``StoreUnreadable``."""
+        try:
+            for row in self._reader().execute(sql, params):
+                yield dict(row)
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnreadable(str(exc)) from None
+
+    def audit_page(self, f: RecordFilter, scope: Scope, page: PageRequest) -> Page:
+        return audit_sql.page(self._run, f, scope, page, SQLITE)
+
+    def audit_records(
+        self, f: RecordFilter = EVERYTHING, scope: Scope = None, *, limit: int | None = None
     ) -> Iterator[dict[str, Any]]:
-        # ``where`` and ``order`` are built by the audit reader from fixed columns;
-        # every value travels as a bound parameter.
-        sql = f"SELECT {', '.join(COLUMNS)} FROM audit_events"  # noqa: S608
-        if where:
-            sql += f" WHERE {where}"
-        sql += f" ORDER BY {order}"
-        if limit is not None:
-            sql += f" LIMIT {int(limit)}"
-        for row in self._reader().execute(sql, dict(params or {})):
-            yield dict(row)
+        return audit_sql.records(self._run, f, scope, SQLITE, limit)
+
+    def audit_newest(self) -> dict[str, Any] | None:
+        return next(self._run(f"{audit_sql.SELECT_RECORDS} ORDER BY seq DESC LIMIT 1", {}), None)
 
     def audit_counts(
-        self, column: str, where: str = "", params: Mapping[str, Any] | None = None
+        self, column: str, f: RecordFilter = EVERYTHING, scope: Scope = None
     ) -> list[tuple[Any, int, str, str]]:
-        if column not in COLUMNS:
-            raise ValueError(f"no audit column {column!r}")
-        sql = (
-            f"SELECT {column}, count(*), min(ts), max(ts) FROM audit_events"  # noqa: S608
-            + (f" WHERE {where}" if where else "")
-            + f" GROUP BY {column}"
-        )
-        return [tuple(row) for row in self._reader().execute(sql, dict(params or {}))]
-
-    def audit_count(
-        self, where: str = "", params: Mapping[str, Any] | None = None, *, at_most: int
-    ) -> int:
-        # ``where`` is built by the audit reader from fixed columns (see audit_rows).
-        sql = "SELECT 1 FROM audit_events" + (f" WHERE {where}" if where else "")  # noqa: S608
-        counted = f"SELECT count(*) FROM ({sql} LIMIT {int(at_most)})"  # noqa: S608
-        row = self._reader().execute(counted, dict(params or {})).fetchone()
-        return int(row[0])
+        return audit_sql.counts(self._run, column, f, scope, SQLITE)
 
     def audit_checkpoint(self) -> Checkpoint | None:
-        row = (
-            self._reader()
-            .execute("SELECT * FROM audit_checkpoints ORDER BY seq DESC LIMIT 1")
-            .fetchone()
-        )
-        return Checkpoint(**dict(row)) if row else None
+        sql = "SELECT * FROM audit_checkpoints ORDER BY seq DESC LIMIT 1"
+        row = next(self._run(sql, {}), None)
+        return Checkpoint(**row) if row else None
 
     def close(self) -> None:
         if self._closed:
@@ -809,20 +745,24 @@ def _reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def _capability(row: Mapping[str, Any]) -> CapabilityRecord:
-    return CapabilityRecord(
-        id=row["id"],
-        version=row["version"],
-        service=row["service"],
-        digest=row["digest"],
-        definition=json.loads(row["definition"]),
-        registered_at=row["registered_at"],
-    )
+def damage(path: Path) -> list[str]:
+    """What SQLite's ``quick_check`` finds wrong in a store file (nothing when
+    it is sound), which a walk of the chain alone would miss in an index.
 
-
-def _idempotency(row: Mapping[str, Any]) -> IdempotencyRecord:
-    values = dict(row)
-    executed = values.pop("executed_before_failure")
-    return IdempotencyRecord(
-        **values, executed_before_failure=None if executed is None else bool(executed)
-    )
+    Raises:
+        StoreUnreadable: the file cannot be read as a SQLite database.
+    """
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            found = [
+                line.strip()
+                for (text,) in conn.execute("PRAGMA quick_check")
+                for line in str(text).splitlines()
+                if line.strip() and not line.startswith("*** in database")
+            ]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise StoreUnreadable(str(exc)) from None
+    return [] if found == ["ok"] else found

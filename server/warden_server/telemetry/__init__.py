@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.trace import Tracer
 
-from warden_server.audit.events import AuditEvent
+from warden_server.records.events import AuditEvent
 from warden_server.telemetry.logs import fields, silence_leaky_loggers
 from warden_server.telemetry.metrics import Metrics, MetricsEndpoint
 

@@ -13,7 +13,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind
 
-from warden_server.audit.events import current_trace_id
+from warden_server.records.events import current_trace_id
 from warden_server.telemetry import Telemetry
 from warden_server.telemetry.logs import fields
 

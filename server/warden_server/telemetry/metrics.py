@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from warden.shared.codes import CODES
-from warden_server.audit.events import AuditEvent
+from warden_server.records.events import AuditEvent
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,349 @@
+"""The store contract: what every store (SQLite and PostgreSQL) does the same.
+
+Each test runs against both. ``open_store`` opens another store over the same
+data (another process of the plane on the SQLite file, another replica on the
+database), so that what holds across planes is tested too.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from tests.unit.approval_records import CREATED, EXPIRES, pending
+from warden_server.audit.checkpoint import CheckpointSigner
+from warden_server.audit.reader import AuditFilter, query, stats, verify
+from warden_server.audit.retention import prune
+from warden_server.errors import Conflict
+from warden_server.records.events import AuditEvent
+from warden_server.records.query import PageRequest, RecordFilter
+from warden_server.store import (
+    CapabilityRecord,
+    IdempotencyRecord,
+    InvocationRecord,
+    Store,
+    StoreError,
+    WriteTransaction,
+    open_store,
+)
+from warden_server.store.integrity import TamperedRow
+
+LATER = "2026-01-01T00:30:00.000Z"
+Opener = Callable[[], Any]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def open_another(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """Opens a store over the test's one set of data (closed after the test)."""
+    url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else None
+    opened: list[Any] = []
+
+    def opener() -> Any:
+        store = open_store(url, tmp_path / "warden.db")
+        opened.append(store)
+        return store
+
+    yield opener
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(open_another: Opener) -> Any:
+    return open_another()
+
+
+def decision(n: int, **fields: Any) -> AuditEvent:
+    values: dict[str, Any] = {
+        "kind": "decision",
+        "status": "granted",
+        "capability_id": f"orders.item{n % 3}",
+        "tenant": "acme" if n % 2 else "globex",
+        "actor_id": f"bot-{n % 4}",
+        "invocation_id": f"inv-{n}",
+        "ts": f"2026-01-01T00:00:{n:02d}.000Z",
+    }
+    values.update(fields)
+    return AuditEvent(**values)
+
+
+def append(store: Store, *events: AuditEvent) -> list[int]:
+    return store.transact(lambda tx: [tx.append_audit(e) for e in events])
+
+
+def test_records_chain_and_verify_across_planes_on_one_store(open_another: Opener) -> None:
+    first, second = open_another(), open_another()
+    for n in range(10):
+        append(first if n % 2 else second, decision(n))
+    assert [r["seq"] for r in first.audit_records()] == list(range(1, 11))
+    result = verify(second)
+    assert result.ok and result.checked == 10
+
+
+def test_concurrent_requests_on_two_planes_extend_one_chain(open_another: Opener) -> None:
+    planes = [open_another(), open_another()]
+
+    def write(plane: Store, start: int) -> None:
+        for n in range(start, start + 25):
+            append(plane, decision(n))
+
+    threads = [threading.Thread(target=write, args=(planes[i % 2], i * 25)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert planes[0].last_seq() == 100
+    assert verify(planes[1]).ok
+
+
+def test_work_that_raises_is_undone_alone(store: Store) -> None:
+    def fails(tx: WriteTransaction) -> None:
+        tx.append_audit(decision(1))
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        store.transact(fails)
+    append(store, decision(2))
+    assert [r["invocation_id"] for r in store.audit_records()] == ["inv-2"]
+    assert verify(store).ok
+
+
+def test_work_past_its_deadline_never_runs(store: Store) -> None:
+    with pytest.raises(StoreError, match="deadline"):
+        store.transact(lambda tx: tx.append_audit(decision(1)), deadline=0.0)
+    assert store.last_seq() == 0
+
+
+def test_an_invocation_id_is_claimed_once_across_planes(open_another: Opener) -> None:
+    first, second = open_another(), open_another()
+    assert first.transact(lambda tx: tx.claim_invocation("inv-1")) is True
+    assert second.transact(lambda tx: tx.claim_invocation("inv-1")) is False
+
+
+def invocation(invocation_id: str = "inv-1") -> InvocationRecord:
+    return InvocationRecord(
+        invocation_id=invocation_id,
+        service="orders",
+        capability_id="orders.refund",
+        capability_version="1",
+        actor_id="bot-7",
+        tenant="acme",
+        surface="sdk",
+        input_digest="sha256:0",
+        state="granted",
+        granted_at=CREATED,
+        expires_at=EXPIRES,
+    )
+
+
+def test_an_invocation_is_granted_once_and_completed_once(store: Store) -> None:
+    store.transact(lambda tx: tx.insert_invocation(invocation()))
+    with pytest.raises(Conflict):
+        store.transact(lambda tx: tx.insert_invocation(invocation()))
+
+    def complete(tx: WriteTransaction) -> bool:
+        return tx.complete_invocation("inv-1", LATER, outcome_seq=7, report_digest="d")
+
+    assert store.transact(complete) is True
+    assert store.transact(complete) is False
+    found = store.get_invocation("inv-1")
+    assert found is not None
+    assert (found.state, found.outcome_seq, found.outcome_digest) == ("completed", 7, "d")
+
+
+def test_an_approval_is_decided_once_and_consumed_once(open_another: Opener) -> None:
+    first, second = open_another(), open_another()
+    first.transact(lambda tx: tx.insert_approval(pending()))
+    decide = "approved", "alice", "ok", LATER
+    assert second.transact(lambda tx: tx.decide_approval("a1", *decide)) is True
+    assert (
+        first.transact(lambda tx: tx.decide_approval("a1", "denied", "bob", None, LATER)) is False
+    )
+    assert first.transact(lambda tx: tx.consume_approval("a1", LATER)) is True
+    assert second.transact(lambda tx: tx.consume_approval("a1", LATER)) is False
+    found = second.get_approval("a1")
+    assert found is not None and (found.state, found.decided_by) == ("consumed", "alice")
+    assert [a.approval_id for a in first.list_approvals("acme", ["consumed"])] == ["a1"]
+
+
+def test_due_approvals_expire_once(store: Store) -> None:
+    store.transact(lambda tx: tx.insert_approval(pending()))
+    after = "2026-01-01T02:00:00.000Z"
+    assert [a.approval_id for a in store.transact(lambda tx: tx.due_approvals(after, 10))] == ["a1"]
+    assert store.transact(lambda tx: tx.expire_approval("a1", after)) is True
+    assert store.transact(lambda tx: tx.expire_approval("a1", after)) is False
+
+
+def key(invocation_id: str, expires_at: str = EXPIRES) -> IdempotencyRecord:
+    return IdempotencyRecord(
+        service="orders",
+        capability_id="orders.pay",
+        actor_id="bot-7",
+        key="k-1",
+        input_digest="sha256:0",
+        invocation_id=invocation_id,
+        state="in_progress",
+        created_at=CREATED,
+        expires_at=expires_at,
+    )
+
+
+def test_an_idempotency_key_is_reserved_once_across_planes(open_another: Opener) -> None:
+    first, second = open_another(), open_another()
+    results: list[bool] = []
+    barrier = threading.Barrier(8)
+
+    def reserve(plane: Store, n: int) -> None:
+        barrier.wait()
+        results.append(plane.transact(lambda tx: tx.reserve_idempotency(key(f"i{n}"), LATER)))
+
+    threads = [
+        threading.Thread(target=reserve, args=(p, n)) for n, p in enumerate([first, second] * 4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [False] * 7 + [True]
+
+
+def test_an_idempotency_key_settles_with_its_outcome_and_releases(store: Store) -> None:
+    assert store.transact(lambda tx: tx.reserve_idempotency(key("i1"), LATER))
+    store.transact(
+        lambda tx: tx.settle_idempotency(
+            "i1",
+            LATER,
+            status="failed",
+            failure='{"code": "X"}',
+            executed_before_failure=True,
+            sealed_output=b"\x00sealed",
+        )
+    )
+    found = store.get_idempotency("orders", "orders.pay", "bot-7", "k-1")
+    assert found is not None
+    assert (found.state, found.executed_before_failure, found.sealed_output) == (
+        "completed",
+        True,
+        b"\x00sealed",
+    )
+    assert store.transact(lambda tx: tx.reserve_idempotency(key("i2"), LATER)) is False
+    store.transact(lambda tx: tx.reserve_idempotency(key("i3", LATER), CREATED))
+    expired_later = "2026-01-01T03:00:00.000Z"
+    assert store.transact(lambda tx: tx.reserve_idempotency(key("i4"), expired_later)) is True
+    store.transact(lambda tx: tx.release_idempotency("i4"))
+    assert store.idempotency_of("i4") is None
+
+
+def capability(capability_id: str, version: str) -> CapabilityRecord:
+    return CapabilityRecord(
+        id=capability_id,
+        version=version,
+        service="orders",
+        digest=f"sha256:{version}",
+        definition={"id": capability_id, "version": version},
+        registered_at=CREATED,
+    )
+
+
+def test_the_registry_keeps_versions_in_order_by_namespace(store: Store) -> None:
+    for record in [
+        capability("orders.refund", "1"),
+        capability("orders.refund", "2"),
+        capability("orders.pay", "1"),
+        capability("ordersx.pay", "1"),
+    ]:
+        store.transact(lambda tx, r=record: tx.insert_capability(r))
+    assert store.latest_version("orders.refund") == "2"
+    assert [c.version for c in store.capability_versions("orders.refund")] == ["1", "2"]
+    latest = store.latest_capabilities(["orders"])
+    assert [(c.id, c.version) for c in latest] == [("orders.pay", "1"), ("orders.refund", "2")]
+    assert store.latest_capabilities([]) == []
+    count, size = store.transact(lambda tx: tx.registry_size(["orders"]))
+    assert count == 2 and size > 0
+    found = store.get_capability("orders.refund", "1")
+    assert found is not None and found.definition == {"id": "orders.refund", "version": "1"}
+
+
+def test_audit_queries_filter_by_type_scope_and_page(store: Store) -> None:
+    append(store, *(decision(n) for n in range(12)))
+    page = store.audit_page(
+        RecordFilter(capabilities=("orders.item[01]",)), frozenset({"acme"}), PageRequest(3)
+    )
+    assert [r["seq"] for r in page.rows] == [10, 8, 4]
+    following = store.audit_page(
+        RecordFilter(capabilities=("orders.item[01]",)),
+        frozenset({"acme"}),
+        PageRequest(3, page.next_before),
+    )
+    assert [r["seq"] for r in following.rows] == [2] and following.next_before is None
+    since = RecordFilter(since="2026-01-01T00:00:05.000Z", until="2026-01-01T00:00:08.000Z")
+    assert [r["seq"] for r in store.audit_records(since)] == [6, 7, 8]
+    assert [r["seq"] for r in store.audit_records(RecordFilter(after_seq=10))] == [11, 12]
+    assert list(store.audit_records(RecordFilter(), frozenset())) == []
+    counts = {value: n for value, n, _, _ in store.audit_counts("actor_id")}
+    assert counts == {"bot-0": 3, "bot-1": 3, "bot-2": 3, "bot-3": 3}
+    newest = store.audit_newest()
+    assert newest is not None and newest["seq"] == 12
+
+
+def test_the_audit_reader_reads_every_store_alike(store: Store) -> None:
+    append(store, *(decision(n) for n in range(6)))
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    page = query(store, AuditFilter(capabilities=("orders.*",), actor="bot-1"), now=now)
+    assert [r["seq"] for r in page.rows] == [6, 2]
+    grouped = stats(store, "capability", AuditFilter(), now=now)
+    assert grouped.total == 6
+
+
+def test_pruning_leaves_a_signed_checkpoint_the_chain_verifies_from(
+    store: Store, tmp_path: Path
+) -> None:
+    append(store, *(decision(n) for n in range(10)))
+    signer = CheckpointSigner(Ed25519PrivateKey.generate())
+    result = prune(store, signer, before="2026-01-01T00:00:05.000Z", now=datetime.now(UTC))
+    assert result.records == 5
+    checkpoint = store.audit_checkpoint()
+    assert checkpoint is not None and checkpoint.seq == 5
+    assert next(r["seq"] for r in store.audit_records()) == 6
+    assert verify(store, signer).ok
+
+
+def test_a_row_edited_outside_the_plane_is_refused_and_reported(open_another: Opener) -> None:
+    store = open_another()
+    store.transact(lambda tx: tx.insert_approval(pending()))
+    _tamper(store, "UPDATE approvals SET approvers = 'true || true' WHERE approval_id = 'a1'")
+    with pytest.raises(TamperedRow):
+        store.get_approval("a1")
+    assert store.tampered_rows() == [
+        "approvals row a1 fails its integrity check: it was changed outside the plane"
+    ]
+    assert not verify(store).ok
+
+
+def test_an_edited_audit_record_fails_verification_at_its_seq(store: Store) -> None:
+    append(store, *(decision(n) for n in range(5)))
+    _tamper(store, "UPDATE audit_events SET status = 'refused' WHERE seq = 3")
+    result = verify(store)
+    assert not result.ok and result.first_bad_seq == 3
+
+
+def _tamper(store: Any, statement: str) -> None:
+    """Edit the data as someone with a database shell would."""
+    if hasattr(store, "url"):
+        with psycopg.connect(store.url, autocommit=True) as conn:
+            assert conn.execute(statement).rowcount == 1
+    else:
+        conn = sqlite3.connect(store.path)
+        try:
+            assert conn.execute(statement).rowcount == 1
+            conn.commit()
+        finally:
+            conn.close()

@@ -1,0 +1,273 @@
+"""Three planes (replicas) on one PostgreSQL database: SDK clients spread over
+them, an approval asked on one, approved on another and resumed on a third,
+one idempotency key raced on all three, and one replica killed under load,
+with nothing lost and one chain that verifies."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import warden
+from benchmarks import free_port, wait_until_serving, warden_command
+from tests.conftest import ACTOR_SECRET, ORDERS_TOKEN, ROOT, Plant, make_config
+from tests.integration.guarantees.lab import Ledger, build_payments, write_guarantees_policies
+from tests.integration.lab import Lab, build_lab, write_lab_policies
+from warden_server.app import serve
+from warden_server.audit.reader import verify
+from warden_server.auth.actors import mint_token
+from warden_server.config import load_config
+from warden_server.plane import Plane
+
+REPLICAS = 3
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, postgres_url: str) -> Iterator[Callable[[Path], list[Plant]]]:
+    """Start three planes on one fresh database with these policies."""
+    running: list[Any] = []
+
+    def start(policies: Path, **sections: Any) -> list[Plant]:
+        plants = []
+        for _ in range(REPLICAS):
+            config = make_config(tmp_path, policies, store=postgres_url, processes=1)
+            if sections:
+                data = config.model_dump()
+                data.update(sections)
+                config = type(config).model_validate(data)
+            server = serve(Plane.from_config(config), "127.0.0.1:0")
+            running.append(server)
+            plants.append(Plant(server, tmp_path))
+        return plants
+
+    yield start
+    for server in running:
+        server.stop(grace=0)
+
+
+def test_an_approval_asked_on_one_replica_is_approved_on_another_and_resumed_on_a_third(
+    replicas: Callable[[Path], list[Plant]], tmp_path: Path
+) -> None:
+    a, b, c = replicas(write_lab_policies(tmp_path / "policies"))
+    lab = Lab()
+    on_a = build_lab(a.target, ORDERS_TOKEN, lab)
+    on_c = build_lab(c.target, ORDERS_TOKEN, lab)
+    on_a.register()
+    watched: queue.Queue[warden.ApprovalEvent] = queue.Queue()
+    watcher = warden.Approvals(a.target, token=a.token(sub="mia", roles=("manager",)))
+
+    def pump() -> None:
+        try:
+            for event in watcher.watch():
+                watched.put(event)
+        except warden.ApprovalError:
+            pass  # the plane stopped at teardown
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        asked = on_a.invoke("orders.echo", {"n": 42, "note": "please"}, actor=a.token())
+        assert asked.status == "suspended" and asked.approval_id
+        with warden.Approvals(b.target, token=b.token(sub="mia", roles=("manager",))) as on_b:
+            on_b.approve(asked.approval_id, reason="fine")
+        heard = watched.get(timeout=30)
+        while heard.type != "approved":  # the request itself may come first
+            heard = watched.get(timeout=30)
+        assert heard.approval.id == asked.approval_id
+        resumed = on_c.invoke(
+            "orders.echo",
+            {"n": 42, "note": "please"},
+            actor=c.token(),
+            approval_id=asked.approval_id,
+        )
+        assert resumed.status == "succeeded", resumed
+        assert lab.count("echo") == 1
+        again = on_a.invoke(
+            "orders.echo",
+            {"n": 42, "note": "please"},
+            actor=a.token(),
+            approval_id=asked.approval_id,
+        )
+        assert again.status == "failed" and lab.count("echo") == 1
+    finally:
+        watcher.close()
+        on_a.close()
+        on_c.close()
+    assert verify(b.server.plane.store).ok
+
+
+def test_one_idempotency_key_raced_on_three_replicas_runs_the_handler_once(
+    replicas: Callable[..., list[Plant]], tmp_path: Path
+) -> None:
+    plants = replicas(
+        write_guarantees_policies(tmp_path / "guarantees"),
+        idempotency={"replay_key": "test-replay-key-0123456789"},
+    )
+    ledger = Ledger()
+    runtimes = [build_payments(p.target, ORDERS_TOKEN, ledger) for p in plants]
+    runtimes[0].register()
+    actor = plants[0].token()
+    arguments = {"order_id": "A1", "amount": 120, "card": {"number": "4111111111111111",
+                 "holder": "Ada"}, "note": "slow:300"}  # fmt: skip
+    patient = warden.RetryPolicy(max_attempts=40, initial_backoff_ms=50, max_backoff_ms=200)
+    barrier = threading.Barrier(REPLICAS * 2)
+    results: list[warden.Envelope] = []
+
+    def call(rt: warden.Runtime) -> None:
+        barrier.wait()
+        results.append(
+            rt.invoke("orders.pay", arguments, actor=actor, idempotency_key="race", retry=patient)
+        )
+
+    threads = [threading.Thread(target=call, args=(rt,)) for rt in runtimes * 2]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        ledger.release.set()
+        for rt in runtimes:
+            rt.close()
+    assert ledger.runs() == 1
+    assert [e.status for e in results] == ["succeeded"] * REPLICAS * 2
+    assert len({e.replayed_from or e.invocation_id for e in results}) == 1
+
+
+CLIENTS = 3
+CALLERS_PER_CLIENT = 4
+CALLS_BEFORE_KILL = 60
+CALLS_AFTER_RESTART = 60
+
+
+def test_a_replica_killed_under_load_loses_nothing_and_the_chain_verifies(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Client processes call through the SDK, spread over three replicas; one
+    replica is killed with SIGKILL mid-load and restarted. Every call whose
+    caller saw ``succeeded`` has one outcome record, and ``warden audit verify``
+    passes on the log the three wrote, then fails on an edited record."""
+    write_lab_policies(tmp_path / "policies")
+    config_file = tmp_path / "warden.toml"
+    config_file.write_text(
+        f"""
+[server]
+store = "{postgres_url}"
+policies = "policies"
+processes = 1
+
+[actors]
+hs256_secret = "{ACTOR_SECRET}"
+issuer = "warden-test"
+audience = "warden"
+
+[services.orders]
+token = "{ORDERS_TOKEN}"
+namespaces = ["orders"]
+"""
+    )
+    config = load_config(config_file, environ={})
+    actor = mint_token(config, subject="bot-7", ttl_seconds=3600)
+    ports = [free_port() for _ in range(REPLICAS)]
+    stop = tmp_path / "stop"
+    planes = [_start(config_file, port) for port in ports]
+    clients: list[subprocess.Popen[bytes]] = []
+    try:
+        for plane, port in zip(planes, ports, strict=True):
+            wait_until_serving(f"127.0.0.1:{port}", plane)
+        for number in range(CLIENTS):
+            clients.append(
+                subprocess.Popen(
+                    [
+                        sys.executable, "-m", "tests.integration.outcome_load",
+                        f"127.0.0.1:{ports[number % REPLICAS]}",
+                        str(tmp_path / f"outbox-{number}.sqlite"), actor,
+                        str(CALLERS_PER_CLIENT), str(stop),
+                        str(tmp_path / f"client-{number}.jsonl"),
+                    ],
+                    cwd=ROOT,
+                )
+            )  # fmt: skip
+        _await(postgres_url, "outcome", CALLS_BEFORE_KILL, clients)
+        os.killpg(planes[0].pid, signal.SIGKILL)
+        planes[0].wait()
+        killed_at = _count(postgres_url, "decision")
+        planes[0] = _start(config_file, ports[0])
+        wait_until_serving(f"127.0.0.1:{ports[0]}", planes[0])
+        _await(postgres_url, "decision", killed_at + CALLS_AFTER_RESTART, clients)
+        stop.touch()
+        for client in clients:
+            assert client.wait(timeout=180) == 0, "a client could not drain its outbox"
+    finally:
+        stop.touch()
+        for client in clients:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+        for plane in planes:
+            if plane.poll() is None:
+                plane.terminate()
+                plane.wait(timeout=30)
+
+    answers = [
+        json.loads(line)
+        for number in range(CLIENTS)
+        for line in (tmp_path / f"client-{number}.jsonl").read_text().splitlines()
+    ]
+    succeeded = {invocation_id for invocation_id, status, _ in answers if status == "succeeded"}
+    with psycopg.connect(postgres_url) as conn:
+        outcomes = Counter(
+            row[0]
+            for row in conn.execute("SELECT invocation_id FROM audit_events WHERE kind = 'outcome'")
+        )
+    assert succeeded and succeeded - set(outcomes) == set()
+    assert [i for i, n in outcomes.items() if n > 1] == []
+    verified = _verify(config_file)
+    assert verified.returncode == 0 and "chain intact" in verified.stdout, verified
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("UPDATE audit_events SET status = 'refused' WHERE seq = 40")
+    tampered = _verify(config_file)
+    assert tampered.returncode != 0 and "40" in tampered.stdout + tampered.stderr, tampered
+
+
+def _start(config_file: Path, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*warden_command(), "serve", "--config", str(config_file),
+         "--listen", f"127.0.0.1:{port}", "--log-level", "ERROR"],
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _verify(config_file: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*warden_command(), "audit", "verify", "--config", str(config_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def _count(url: str, kind: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM audit_events WHERE kind = %s", (kind,)).fetchone()
+        return int(row[0]) if row else 0
+
+
+def _await(url: str, kind: str, at_least: int, clients: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + 90
+    while _count(url, kind) < at_least:
+        assert all(c.poll() is None for c in clients), "a client process ended early"
+        assert time.monotonic() < deadline, f"fewer than {at_least} {kind} records"
+        time.sleep(0.05)
