@@ -284,6 +284,40 @@ class TelemetrySection(_Section):
     """``json``: one object per line, for log shippers."""
 
 
+class ConsoleSection(_Section):
+    """The web console (``warden console``): a browser front end that reaches
+    the plane only through its gRPC APIs, with each person's own token."""
+
+    listen: str = "127.0.0.1:8080"
+    """host:port the console serves HTTP (or HTTPS, with ``tls_cert_file``) on."""
+    target: str | None = None
+    """The plane's host:port; unset means ``[server] listen``."""
+    token_header: str | None = None
+    """A request header carrying the person's actor JWT, set by an
+    authenticating reverse proxy (e.g. ``X-Forwarded-Access-Token`` from
+    oauth2-proxy); unset, people sign in by pasting a token."""
+    session_ttl: str = "8h"
+    """How long a sign-in lasts at most (never past the token's own expiry)."""
+    public_url: str | None = None
+    """The console's address as people reach it (``https://warden.example``),
+    for links in notifications; unset means ``http://`` + ``listen``."""
+    tls_cert_file: str | None = None
+    """PEM certificate chain: with ``tls_key_file``, the console serves HTTPS
+    and its session cookie is ``Secure``."""
+    tls_key_file: str | None = None
+    """The private key of ``tls_cert_file``."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> ConsoleSection:
+        try:
+            parse_duration(self.session_ttl)
+        except ValueError as exc:
+            raise ValueError(f"session_ttl: {exc}") from None
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self
+
+
 class Config(_Section):
     server: ServerSection = ServerSection()
     actors: ActorsSection
@@ -295,6 +329,7 @@ class Config(_Section):
     telemetry: TelemetrySection = TelemetrySection()
     limits: LimitsSection = LimitsSection()
     policies: PoliciesSection = PoliciesSection()
+    console: ConsoleSection = ConsoleSection()
     base_dir: Path = Path()
     """The folder relative paths are resolved against (the config file's)."""
 
