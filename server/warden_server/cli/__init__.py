@@ -10,6 +10,7 @@ import click
 
 from warden_server.cli.approvals import approvals
 from warden_server.cli.audit import audit
+from warden_server.cli.audit_tail import audit_tail
 from warden_server.cli.console import console
 from warden_server.cli.policy import policy
 from warden_server.cli.serve import serve
@@ -24,5 +25,6 @@ def main() -> None:
 
 for command in (serve, token, policy, audit, approvals, console):
     main.add_command(command)
+audit.add_command(audit_tail)
 
 __all__ = ["main"]
