@@ -318,6 +318,48 @@ class ConsoleSection(_Section):
         return self
 
 
+class WebhookSection(_Section):
+    url: str
+    """Where notifications are POSTed (http or https)."""
+    secret: str = Field(repr=False, min_length=16)
+    """The HMAC-SHA256 key of the ``X-Warden-Signature`` header, at least 16
+    characters (or WARDEN_NOTIFICATIONS_SECRET_<N>, N counting from 0)."""
+    format: Literal["warden", "slack"] = "warden"
+    """``warden``: the event as JSON; ``slack``: a Slack-compatible message
+    (``text`` and ``blocks``) for an incoming webhook."""
+    events: list[Literal["requested", "approved", "denied", "expired"]] = [
+        "requested",
+        "approved",
+        "denied",
+        "expired",
+    ]
+    """The approval events sent to this webhook."""
+
+    @model_validator(mode="after")
+    def _http(self) -> WebhookSection:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} is not an http:// or https:// address")
+        return self
+
+
+class NotificationsSection(_Section):
+    """Approval notifications: a webhook POST per approval event, retried with
+    backoff from a durable queue in the store."""
+
+    webhooks: list[WebhookSection] = []
+    console_url: str | None = None
+    """The console's address for the link in each notification; unset means
+    ``[console] public_url``, else ``http://`` + ``[console] listen``."""
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 12
+    """Attempts per notification before it is given up (and logged)."""
+    retry_initial_seconds: Annotated[float, Field(gt=0)] = 1.0
+    """The wait after the first failed attempt; it doubles after each."""
+    retry_max_seconds: Annotated[float, Field(gt=0)] = 600.0
+    """The longest wait between attempts."""
+    poll_seconds: Annotated[float, Field(gt=0)] = 1.0
+    """How often new approval records are looked for."""
+
+
 class Config(_Section):
     server: ServerSection = ServerSection()
     actors: ActorsSection
@@ -330,6 +372,7 @@ class Config(_Section):
     limits: LimitsSection = LimitsSection()
     policies: PoliciesSection = PoliciesSection()
     console: ConsoleSection = ConsoleSection()
+    notifications: NotificationsSection = NotificationsSection()
     base_dir: Path = Path()
     """The folder relative paths are resolved against (the config file's)."""
 
@@ -438,6 +481,16 @@ def config_from_dict(
     ):
         if secret := environ.get(env_key):
             merged[table] = {**_table(merged.get(table)), key: secret}
+    notifications = dict(_table(merged.get("notifications")))
+    hooks = notifications.get("webhooks")
+    if isinstance(hooks, list):
+        notifications["webhooks"] = [
+            {**_table(hook), "secret": environ[f"WARDEN_NOTIFICATIONS_SECRET_{i}"]}
+            if f"WARDEN_NOTIFICATIONS_SECRET_{i}" in environ
+            else hook
+            for i, hook in enumerate(hooks)
+        ]
+        merged["notifications"] = notifications
     merged["base_dir"] = base_dir
     try:
         return Config.model_validate(merged)
