@@ -278,8 +278,14 @@ class PoliciesSection(_Section):
 class TelemetrySection(_Section):
     metrics_listen: str | None = None
     """host:port of the Prometheus endpoint (``/metrics``); unset serves none."""
-    traces: Literal["none", "console"] = "none"
-    """Where finished spans go. Trace ids reach the audit records either way."""
+    traces: Literal["none", "console", "otlp"] = "none"
+    """Where finished spans go: ``otlp`` sends them to an OpenTelemetry
+    collector over OTLP/HTTP. Trace ids reach the audit records either way."""
+    otlp_endpoint: str | None = None
+    """The collector's traces URL (``http://collector:4318/v1/traces``); unset
+    reads ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``."""
+    otlp_headers: dict[str, str] = {}
+    """Headers for the collector (an API key); empty reads ``OTEL_EXPORTER_OTLP_HEADERS``."""
     log_format: Literal["text", "json"] = "text"
     """``json``: one object per line, for log shippers."""
 
