@@ -51,12 +51,21 @@ postgres-binaries:
 	fi
 
 .PHONY: test
-test: $(STAMP) postgres-binaries lint typecheck proto-check proto-ts-check buf-lint buf-breaking ts-test ## Lint, type-check, check generated code, run every test
+test: $(STAMP) postgres-binaries chromium lint typecheck proto-check proto-ts-check buf-lint buf-breaking ts-test ## Lint, type-check, check generated code, run every test
 	$(BIN)/warden policy check policies
 	$(BIN)/warden policy test policies --min-coverage 100
 	$(BIN)/pytest -q -n auto
 	@echo "the integration tests again, against planes of two processes (single_process ones ran above):"
-	WARDEN_TEST_PROCESSES=2 $(BIN)/pytest -q -n auto -m "not single_process" tests/integration
+	WARDEN_TEST_PROCESSES=2 $(BIN)/pytest -q -n auto -m "not single_process" tests/integration tests/console
+
+CHROMIUM := /usr/bin/chromium
+
+.PHONY: chromium
+chromium: ## Install Debian's Chromium for the console's browser tests, when it is missing
+	@test -x $(CHROMIUM) || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }; \
+		elif [ "$$CI" = true ]; then sudo apt-get install -y chromium || { sudo apt-get update && sudo apt-get install -y chromium; }; \
+		else echo "the console's browser tests need Debian's chromium: sudo apt-get install chromium"; exit 1; fi; }
 
 .PHONY: lint
 lint: $(STAMP) ## ruff check and ruff format --check

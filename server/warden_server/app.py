@@ -33,6 +33,7 @@ from warden_server.audit.anchors import AnchorPublisher
 from warden_server.audit.checkpoint import CheckpointSigner
 from warden_server.audit.retention import RetentionScheduler
 from warden_server.config import Config
+from warden_server.notifications import Notifier, start_notifier
 from warden_server.plane import Plane
 from warden_server.policy.model import parse_duration
 from warden_server.processes import JoinedProcesses
@@ -87,6 +88,7 @@ class Server:
     joined: JoinedProcesses | None = field(default=None, repr=False)
     """The other processes serving this port, started by this (the first) one."""
     anchors: AnchorPublisher | None = field(default=None, repr=False)
+    notifier: Notifier | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -111,6 +113,8 @@ class Server:
             self.retention.stop()
         if self.anchors is not None:
             self.anchors.stop()
+        if self.notifier is not None:
+            self.notifier.stop()
         self.plane.close()
 
     def wait(self) -> None:
@@ -198,6 +202,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         retention=retention,
         approval_tail=tail,
         anchors=anchors,
+        notifier=None if plane.joined else start_notifier(plane),
     )
     if processes > 1 and not plane.joined:
         try:

@@ -293,10 +293,92 @@ class PoliciesSection(_Section):
 class TelemetrySection(_Section):
     metrics_listen: str | None = None
     """host:port of the Prometheus endpoint (``/metrics``); unset serves none."""
-    traces: Literal["none", "console"] = "none"
-    """Where finished spans go. Trace ids reach the audit records either way."""
+    traces: Literal["none", "console", "otlp"] = "none"
+    """Where finished spans go: ``otlp`` sends them to an OpenTelemetry
+    collector over OTLP/HTTP. Trace ids reach the audit records either way."""
+    otlp_endpoint: str | None = None
+    """The collector's traces URL (``http://collector:4318/v1/traces``); unset
+    reads ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``."""
+    otlp_headers: dict[str, str] = {}
+    """Headers for the collector (an API key); empty reads ``OTEL_EXPORTER_OTLP_HEADERS``."""
     log_format: Literal["text", "json"] = "text"
     """``json``: one object per line, for log shippers."""
+
+
+class ConsoleSection(_Section):
+    """The web console (``warden console``): a browser front end that reaches
+    the plane only through its gRPC APIs, with each person's own token."""
+
+    listen: str = "127.0.0.1:8080"
+    """host:port the console serves HTTP (or HTTPS, with ``tls_cert_file``) on."""
+    target: str | None = None
+    """The plane's host:port; unset means ``[server] listen``."""
+    token_header: str | None = None
+    """A request header carrying the person's actor JWT, set by an
+    authenticating reverse proxy (e.g. ``X-Forwarded-Access-Token`` from
+    oauth2-proxy); unset, people sign in by pasting a token."""
+    session_ttl: str = "8h"
+    """How long a sign-in lasts at most (never past the token's own expiry)."""
+    public_url: str | None = None
+    """The console's address as people reach it (``https://warden.example``),
+    for links in notifications; unset means ``http://`` + ``listen``."""
+    tls_cert_file: str | None = None
+    """PEM certificate chain: with ``tls_key_file``, the console serves HTTPS
+    and its session cookie is ``Secure``."""
+    tls_key_file: str | None = None
+    """The private key of ``tls_cert_file``."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> ConsoleSection:
+        try:
+            parse_duration(self.session_ttl)
+        except ValueError as exc:
+            raise ValueError(f"session_ttl: {exc}") from None
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self
+
+
+class WebhookSection(_Section):
+    url: str
+    """Where notifications are POSTed (http or https)."""
+    secret: str = Field(repr=False, min_length=16)
+    """The HMAC-SHA256 key of the ``X-Warden-Signature`` header, at least 16
+    characters (or WARDEN_NOTIFICATIONS_SECRET_<N>, N counting from 0)."""
+    format: Literal["warden", "slack"] = "warden"
+    """``warden``: the event as JSON; ``slack``: a Slack-compatible message
+    (``text`` and ``blocks``) for an incoming webhook."""
+    events: list[Literal["requested", "approved", "denied", "expired"]] = [
+        "requested",
+        "approved",
+        "denied",
+        "expired",
+    ]
+    """The approval events sent to this webhook."""
+
+    @model_validator(mode="after")
+    def _http(self) -> WebhookSection:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} is not an http:// or https:// address")
+        return self
+
+
+class NotificationsSection(_Section):
+    """Approval notifications: a webhook POST per approval event, retried with
+    backoff from a durable queue in the store."""
+
+    webhooks: list[WebhookSection] = []
+    console_url: str | None = None
+    """The console's address for the link in each notification; unset means
+    ``[console] public_url``, else ``http://`` + ``[console] listen``."""
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 12
+    """Attempts per notification before it is given up (and logged)."""
+    retry_initial_seconds: Annotated[float, Field(gt=0)] = 1.0
+    """The wait after the first failed attempt; it doubles after each."""
+    retry_max_seconds: Annotated[float, Field(gt=0)] = 600.0
+    """The longest wait between attempts."""
+    poll_seconds: Annotated[float, Field(gt=0)] = 1.0
+    """How often new approval records are looked for."""
 
 
 class Config(_Section):
@@ -310,6 +392,8 @@ class Config(_Section):
     telemetry: TelemetrySection = TelemetrySection()
     limits: LimitsSection = LimitsSection()
     policies: PoliciesSection = PoliciesSection()
+    console: ConsoleSection = ConsoleSection()
+    notifications: NotificationsSection = NotificationsSection()
     base_dir: Path = Path()
     """The folder relative paths are resolved against (the config file's)."""
 
@@ -329,6 +413,16 @@ class Config(_Section):
                             f"{other!r} of service {owner!r}"
                         )
                 owners[namespace] = name
+        return self
+
+    @model_validator(mode="after")
+    def _notifications_on_sqlite(self) -> Config:
+        # The delivery queue lives in the SQLite store file beside the log it follows.
+        if self.notifications.webhooks and self.store_url is not None:
+            raise ValueError(
+                "[notifications] webhooks need the SQLite store for now; with a PostgreSQL "
+                "store, follow approval records with `warden audit tail --follow --kind approval`"
+            )
         return self
 
     def path(self, value: str) -> Path:
@@ -427,6 +521,16 @@ def config_from_dict(
     ):
         if secret := environ.get(env_key):
             merged[table] = {**_table(merged.get(table)), key: secret}
+    notifications = dict(_table(merged.get("notifications")))
+    hooks = notifications.get("webhooks")
+    if isinstance(hooks, list):
+        notifications["webhooks"] = [
+            {**_table(hook), "secret": environ[f"WARDEN_NOTIFICATIONS_SECRET_{i}"]}
+            if f"WARDEN_NOTIFICATIONS_SECRET_{i}" in environ
+            else hook
+            for i, hook in enumerate(hooks)
+        ]
+        merged["notifications"] = notifications
     merged["base_dir"] = base_dir
     try:
         return Config.model_validate(merged)

@@ -238,3 +238,13 @@ def test_repository_warden_toml_loads() -> None:
     assert config.policies_path == ROOT / "policies"
     assert config.services["orders"].namespaces == ["orders"]
     assert config.actors.hs256_secret
+
+
+def test_webhook_notifications_on_a_postgresql_store_are_a_clear_error() -> None:
+    hook = {"url": "https://hooks.example/approvals", "secret": "s" * 16}
+    data = {**minimal(), "notifications": {"webhooks": [hook]}}
+    data["server"] = {"store": "postgresql://warden@db/warden"}
+    message = config_error(data)
+    assert "[notifications] webhooks need the SQLite store for now" in message
+    data["server"] = {"store": "var/warden.db"}
+    assert config_from_dict(data).notifications.webhooks[0].url == hook["url"]

@@ -10,6 +10,8 @@ import click
 
 from warden_server.cli.approvals import approvals
 from warden_server.cli.audit import audit
+from warden_server.cli.audit_tail import audit_tail
+from warden_server.cli.console import console
 from warden_server.cli.policy import policy
 from warden_server.cli.serve import serve
 from warden_server.cli.token import token
@@ -21,7 +23,8 @@ def main() -> None:
     """Warden: a policy-as-code governance plane for the operations AI models may call."""
 
 
-for command in (serve, token, policy, audit, approvals):
+for command in (serve, token, policy, audit, approvals, console):
     main.add_command(command)
+audit.add_command(audit_tail)
 
 __all__ = ["main"]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import sqlite_utils
 
 from warden_server.store.base import StoreError
+from warden_server.store.notifications import create_tables
 
 
 def _m001_initial(db: sqlite_utils.Database) -> None:
@@ -258,6 +259,11 @@ def _m007_outcome_reports(db: sqlite_utils.Database) -> None:
     )
 
 
+def _m008_notifications(db: sqlite_utils.Database) -> None:
+    """The durable queue of approval notifications (``store/notifications.py``)."""
+    create_tables(db)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_approvals,
@@ -266,6 +272,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m005_decided_invocations,
     _m006_row_macs,
     _m007_outcome_reports,
+    _m008_notifications,
 ]
 
 ROW_MACS_SINCE = MIGRATIONS.index(_m006_row_macs) + 1

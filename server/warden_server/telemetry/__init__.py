@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
 from opentelemetry.trace import Tracer
 
 from warden_server.records.events import AuditEvent
@@ -46,10 +50,27 @@ listed is labelled with its own name."""
 audit_log = logging.getLogger("warden_server.audit")
 
 
+def otlp_spans(endpoint: str | None, headers: Mapping[str, str] | None) -> SpanProcessor:
+    """Spans batched to an OTLP/HTTP collector. An unset endpoint or headers
+    are read by the exporter from ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (or
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``) and
+    ``OTEL_EXPORTER_OTLP_HEADERS``, as every OpenTelemetry SDK does."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    exporter = OTLPSpanExporter(endpoint=endpoint, headers=dict(headers) if headers else None)
+    return BatchSpanProcessor(exporter, schedule_delay_millis=1000)
+
+
 class Telemetry:
     """Traces, metrics and logs of one plane."""
 
-    def __init__(self, *, traces: str = "none") -> None:
+    def __init__(
+        self,
+        *,
+        traces: str = "none",
+        otlp_endpoint: str | None = None,
+        otlp_headers: Mapping[str, str] | None = None,
+    ) -> None:
         silence_leaky_loggers()
         self.tracer_provider = TracerProvider(resource=Resource.create({"service.name": "warden"}))
         self.tracer: Tracer = self.tracer_provider.get_tracer("warden_server")
@@ -58,6 +79,8 @@ class Telemetry:
         only carries its caller's trace context, for the trace id it records."""
         if traces == "console":
             self.export_spans(SimpleSpanProcessor(ConsoleSpanExporter()))
+        elif traces == "otlp":
+            self.export_spans(otlp_spans(otlp_endpoint, otlp_headers))
         self.metrics = Metrics()
         self._endpoint: MetricsEndpoint | None = None
         self.peer_metrics_ports: tuple[int, ...] = ()
@@ -71,7 +94,11 @@ class Telemetry:
 
     @classmethod
     def from_config(cls, section: TelemetrySection) -> Telemetry:
-        return cls(traces=section.traces)
+        return cls(
+            traces=section.traces,
+            otlp_endpoint=section.otlp_endpoint,
+            otlp_headers=section.otlp_headers,
+        )
 
     def run_stage(self, step: Callable[[P, C], Failure | None], plane: P, ctx: C) -> Failure | None:
         """Run one pipeline step inside its own span, timing it."""
