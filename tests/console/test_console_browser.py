@@ -208,6 +208,14 @@ def test_an_auditor_filters_the_log_opens_a_record_and_exports_it(
     expect(page.get_by_role("alert")).to_contain_text("needs auditor:all")
     page = ada.go("/policy")
     expect(page.get_by_text("Revision in force")).to_be_visible()
+    rules = page.get_by_role("table", name="The rules of revision")
+    expect(rules.locator("tbody tr")).to_have_count(3)
+    manager = rules.get_by_role("row", name="big-charges-need-a-manager")
+    expect(manager).to_contain_text("require_approval")
+    expect(manager).to_contain_text("billing.charge")
+    expect(manager).to_contain_text("input.amount > 500")
+    expect(manager).to_contain_text('"manager" in approver.roles')
+    expect(manager).to_contain_text("billing.yaml:7")
     ada.shot("policy")
     reads = [r["reason"] for r in billing_plant.events(kind="access", actor_id="ada")]
     assert "audit.export" in reads  # the console read through the audit API, recorded

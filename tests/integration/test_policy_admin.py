@@ -9,6 +9,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -161,3 +162,62 @@ def test_check_reads_input_schemas_from_a_plane_a_store_or_a_snapshot(
     result = warden("policy", "check", str(ill_typed))
     assert result.exit_code == 1
     assert f"{ill_typed}/rules.yaml:6:24: {ILL_TYPED_PROBLEM}" in result.output
+
+
+def test_status_lists_the_rules_in_force_only_to_policy_readers(plant: Plant) -> None:
+    folder = plant.config.policies_path
+    token = plant.token("audra", roles=("auditor",))
+    result = warden("policy", "status", "--target", plant.target, "--token", token, "--rules")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    listed = lines.index("rules in force:")
+    assert lines[listed + 5].split() == [
+        "refunds-over-500-need-a-manager",
+        "require_approval",
+        "orders.refund",
+        f"{folder}/orders.yaml:22",
+    ]
+    assert lines[listed + 6].strip() == (
+        "when: input.amount > c.approval_threshold && !v.is_manager"
+    )
+    assert lines[listed + 7].strip() == 'approvers: "manager" in approver.roles (open for 1h)'
+    assert "agent-refunds-over-100-need-approval" in result.output
+    assert "(audit mode: recorded, not enforced)" in result.output
+
+    def status_json(*flags: str) -> dict[str, Any]:
+        args = ("policy", "status", "--target", plant.target, "--token", token, "--json")
+        return dict(json.loads(warden(*args, *flags).output))
+
+    assert "rules_in_force" not in status_json()
+    rules = status_json("--rules")["rules_in_force"]
+    assert [r["id"] for r in rules] == [
+        "orders-are-readable-in-the-tenant",
+        "support-may-refund",
+        "refunds-over-500-need-a-manager",
+        "no-refunds-above-10000",
+        "agent-refunds-over-100-need-approval",
+        "export-is-invisible-to-non-admins",
+        "admins-may-export",
+    ]
+    assert rules[0] == {
+        "id": "orders-are-readable-in-the-tenant",
+        "file": f"{folder}/orders.yaml",
+        "line": 11,
+        "effect": "allow",
+        "mode": "enforce",
+        "capabilities": ["orders.get"],
+        "when": 'actor.tenant != ""',
+        "message": None,
+        "message_expr": None,
+        "approvers": None,
+        "ttl": None,
+        "description": "Anyone of the order's tenant may look an order up.",
+    }
+    assert rules[4]["mode"] == "audit"
+
+    refused = warden(
+        "policy", "status", "--target", plant.target, "--token", plant.token(), "--rules"
+    )
+    assert refused.exit_code == 1
+    assert "PERMISSION_DENIED: reading the policy status needs one of the roles" in refused.output
+    assert "orders-are-readable" not in refused.output

@@ -29,15 +29,19 @@ class PolicyStatusRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ACTOR_TOKEN_FIELD_NUMBER: _builtins.int
+    INCLUDE_RULES_FIELD_NUMBER: _builtins.int
     actor_token: _builtins.str
+    include_rules: _builtins.bool
+    """Also answer with every rule in force (PolicyStatus.rules_in_force)."""
     def __init__(
         self,
         *,
         actor_token: _builtins.str = ...,
+        include_rules: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_token", b"actor_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_token", b"actor_token", "include_rules", b"include_rules"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -119,6 +123,7 @@ class PolicyStatus(_message.Message):
     WATCHING_FIELD_NUMBER: _builtins.int
     REJECTED_FIELD_NUMBER: _builtins.int
     PROBLEMS_FIELD_NUMBER: _builtins.int
+    RULES_IN_FORCE_FIELD_NUMBER: _builtins.int
     rules: _builtins.int
     directory: _builtins.str
     """The policy folder the plane reads."""
@@ -136,6 +141,12 @@ class PolicyStatus(_message.Message):
 
     @_builtins.property
     def problems(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyProblem]: ...
+    @_builtins.property
+    def rules_in_force(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyRuleSummary]:
+        """The rules of the set in force, in load order; filled only when the
+        request asks for them (include_rules).
+        """
+
     def __init__(
         self,
         *,
@@ -145,14 +156,79 @@ class PolicyStatus(_message.Message):
         watching: _builtins.bool = ...,
         rejected: Global___PolicyRevision | None = ...,
         problems: _abc.Iterable[Global___PolicyProblem] | None = ...,
+        rules_in_force: _abc.Iterable[Global___PolicyRuleSummary] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "rejected", b"rejected"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "directory", b"directory", "problems", b"problems", "rejected", b"rejected", "rules", b"rules", "watching", b"watching"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "directory", b"directory", "problems", b"problems", "rejected", b"rejected", "rules", b"rules", "rules_in_force", b"rules_in_force", "watching", b"watching"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PolicyStatus: _TypeAlias = PolicyStatus  # noqa: Y015
+
+@_typing.final
+class PolicyRuleSummary(_message.Message):
+    """One rule of the set in force, as its author wrote it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    FILE_FIELD_NUMBER: _builtins.int
+    LINE_FIELD_NUMBER: _builtins.int
+    EFFECT_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
+    WHEN_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    MESSAGE_EXPR_FIELD_NUMBER: _builtins.int
+    APPROVERS_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    file: _builtins.str
+    """The policy file and the line the rule starts on."""
+    line: _builtins.int
+    effect: _builtins.str
+    """allow, deny, require_approval or hide."""
+    mode: _builtins.str
+    """enforce, or audit (recorded, not enforced)."""
+    when: _builtins.str
+    """The CEL condition, as written."""
+    message: _builtins.str
+    """The public message, or the CEL expression producing it."""
+    message_expr: _builtins.str
+    approvers: _builtins.str
+    """require_approval only: who may approve (CEL) and for how long."""
+    ttl: _builtins.str
+    description: _builtins.str
+    """For people reading the policy."""
+    @_builtins.property
+    def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Glob patterns over capability ids."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        file: _builtins.str = ...,
+        line: _builtins.int = ...,
+        effect: _builtins.str = ...,
+        mode: _builtins.str = ...,
+        capabilities: _abc.Iterable[_builtins.str] | None = ...,
+        when: _builtins.str = ...,
+        message: _builtins.str = ...,
+        message_expr: _builtins.str = ...,
+        approvers: _builtins.str = ...,
+        ttl: _builtins.str = ...,
+        description: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approvers", b"approvers", "capabilities", b"capabilities", "description", b"description", "effect", b"effect", "file", b"file", "id", b"id", "line", b"line", "message", b"message", "message_expr", b"message_expr", "mode", b"mode", "ttl", b"ttl", "when", b"when"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PolicyRuleSummary: _TypeAlias = PolicyRuleSummary  # noqa: Y015
 
 @_typing.final
 class PolicyCapabilitiesRequest(_message.Message):

@@ -372,17 +372,19 @@ def _print_explanation(explanation: Explanation, actor: dict[str, Any]) -> None:
 @policy.command("status")
 @TARGET_OPTION
 @TOKEN
+@click.option("--rules", "with_rules", is_flag=True, help="List the rules in force too.")
 @click.option("--json", "as_json", is_flag=True, help="The status as one JSON object.")
-def policy_status(target: str, token: str | None, as_json: bool) -> None:
+def policy_status(target: str, token: str | None, with_rules: bool, as_json: bool) -> None:
     """Show the policy set a running plane enforces and the last refused
     change; exit 1 while a refused change is pending."""
     status = _remote(
         target,
         lambda stub: stub.GetStatus(
-            policy_pb2.PolicyStatusRequest(actor_token=token or ""), timeout=RPC_TIMEOUT
+            policy_pb2.PolicyStatusRequest(actor_token=token or "", include_rules=with_rules),
+            timeout=RPC_TIMEOUT,
         ),
     )
-    data = _status_json(status)
+    data = _status_json(status, with_rules=with_rules)
     if as_json:
         click.echo(json.dumps(data))
     else:
@@ -394,6 +396,8 @@ def policy_status(target: str, token: str | None, as_json: bool) -> None:
         click.echo(
             f"folder: {data['directory']} ({'watched' if data['watching'] else 'not watched'})"
         )
+        if with_rules:
+            _print_rules(data["rules_in_force"])
         rejected = data.get("rejected")
         if rejected:
             click.echo(
@@ -534,7 +538,23 @@ def _remote(target: str, call: Callable[[policy_pb2_grpc.PoliciesStub], R]) -> R
             raise rpc_refused(target, exc) from None
 
 
-def _status_json(status: policy_pb2.PolicyStatus) -> dict[str, Any]:
+def _print_rules(rules: list[dict[str, Any]]) -> None:
+    click.echo("rules in force:" if rules else "rules in force: none")
+    width = max((len(r["id"]) for r in rules), default=0)
+    for r in rules:
+        audit = "  (audit mode: recorded, not enforced)" if r["mode"] == "audit" else ""
+        click.echo(
+            f"  {r['id']:<{width}}  {r['effect']:<16}  {', '.join(r['capabilities'])}  "
+            f"{r['file']}:{r['line']}{audit}"
+        )
+        indent = f"  {'':<{width}}  "
+        click.echo(f"{indent}when: {r['when']}")
+        if r["approvers"]:
+            ttl = f" (open for {r['ttl']})" if r["ttl"] else ""
+            click.echo(f"{indent}approvers: {r['approvers']}{ttl}")
+
+
+def _status_json(status: policy_pb2.PolicyStatus, *, with_rules: bool) -> dict[str, Any]:
     def revision(message: policy_pb2.PolicyRevision) -> dict[str, Any]:
         return {
             "revision": message.revision,
@@ -559,6 +579,24 @@ def _status_json(status: policy_pb2.PolicyStatus) -> dict[str, Any]:
                 "message": p.message,
             }
             for p in status.problems
+        ]
+    if with_rules:
+        data["rules_in_force"] = [
+            {
+                "id": r.id,
+                "file": r.file,
+                "line": r.line,
+                "effect": r.effect,
+                "mode": r.mode,
+                "capabilities": list(r.capabilities),
+                "when": r.when,
+                "message": r.message or None,
+                "message_expr": r.message_expr or None,
+                "approvers": r.approvers or None,
+                "ttl": r.ttl or None,
+                "description": r.description or None,
+            }
+            for r in status.rules_in_force
         ]
     return data
 

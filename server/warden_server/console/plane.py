@@ -62,6 +62,24 @@ class PolicyProblem:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicyRule:
+    """One rule in force, as its author wrote it."""
+
+    id: str
+    file: str
+    line: int
+    effect: str
+    mode: str
+    capabilities: list[str]
+    when: str
+    message: str
+    message_expr: str
+    approvers: str
+    ttl: str
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyStatus:
     revision: str
     files: list[str]
@@ -72,6 +90,7 @@ class PolicyStatus:
     rejected_revision: str | None
     rejected_at: str | None
     problems: list[PolicyProblem]
+    rules_in_force: list[PolicyRule]
 
 
 class Plane:
@@ -180,7 +199,9 @@ class Plane:
 
     def policy_status(self, token: str) -> PolicyStatus:
         status = self._call(
-            self._policies.GetStatus, policy_pb2.PolicyStatusRequest(actor_token=token), None
+            self._policies.GetStatus,
+            policy_pb2.PolicyStatusRequest(actor_token=token, include_rules=True),
+            None,
         )
         current, rejected = status.current, status.rejected
         return PolicyStatus(
@@ -194,6 +215,23 @@ class Plane:
             rejected_at=_stamp(rejected.at) if status.HasField("rejected") else None,
             problems=[
                 PolicyProblem(p.file, p.line, p.column, p.path, p.message) for p in status.problems
+            ],
+            rules_in_force=[
+                PolicyRule(
+                    id=r.id,
+                    file=r.file,
+                    line=r.line,
+                    effect=r.effect,
+                    mode=r.mode,
+                    capabilities=list(r.capabilities),
+                    when=r.when,
+                    message=r.message,
+                    message_expr=r.message_expr,
+                    approvers=r.approvers,
+                    ttl=r.ttl,
+                    description=r.description,
+                )
+                for r in status.rules_in_force
             ],
         )
 

@@ -35,6 +35,7 @@ from warden_server.grants import PublishedKey
 from warden_server.pipeline.failure import Failure
 from warden_server.pipeline.idempotency import Replayed
 from warden_server.plane import PolicyStatus
+from warden_server.policy.engine import CompiledRule
 from warden_server.policy.loader import Problem
 from warden_server.records.events import COLUMNS
 from warden_server.records.query import Page
@@ -271,7 +272,7 @@ def approval_event_to_proto(kind: str, view: ApprovalView) -> approvals_pb2.Appr
 
 
 def policy_status_to_proto(
-    status: PolicyStatus, directory: str, watching: bool
+    status: PolicyStatus, directory: str, watching: bool, *, include_rules: bool = False
 ) -> policy_pb2.PolicyStatus:
     current = status.current
     message = policy_pb2.PolicyStatus(
@@ -290,7 +291,28 @@ def policy_status_to_proto(
             )
         )
         message.problems.extend(problem_to_proto(p) for p in rejected.problems)
+    if include_rules:
+        message.rules_in_force.extend(rule_summary_to_proto(r) for r in current.rules)
     return message
+
+
+def rule_summary_to_proto(compiled: CompiledRule) -> policy_pb2.PolicyRuleSummary:
+    """A rule in force as its author wrote it (expressions before variables are written out)."""
+    rule = compiled.rule
+    return policy_pb2.PolicyRuleSummary(
+        id=rule.id,
+        file=compiled.file,
+        line=compiled.line,
+        effect=rule.effect,
+        mode=rule.mode,
+        capabilities=list(rule.capabilities),
+        when=rule.when,
+        message=rule.message or "",
+        message_expr=rule.message_expr or "",
+        approvers=rule.approvers or "",
+        ttl=rule.ttl or "",
+        description=rule.description or "",
+    )
 
 
 def problem_to_proto(problem: Problem) -> policy_pb2.PolicyProblem:

@@ -25,7 +25,10 @@ class PoliciesServicer(policy_pb2_grpc.PoliciesServicer):
         self._authorize(request.actor_token, "reading the policy status")
         reloader = self._plane.reloader
         return convert.policy_status_to_proto(
-            self._plane.policies.status(), str(reloader.directory), reloader.watching
+            self._plane.policies.status(),
+            str(reloader.directory),
+            reloader.watching,
+            include_rules=request.include_rules,
         )
 
     @rpc

@@ -19,7 +19,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file warden/v1/policy.proto.
  */
 export const file_warden_v1_policy: GenFile = /*@__PURE__*/
-  fileDesc("ChZ3YXJkZW4vdjEvcG9saWN5LnByb3RvEgl3YXJkZW4udjEiKgoTUG9saWN5U3RhdHVzUmVxdWVzdBITCgthY3Rvcl90b2tlbhgBIAEoCSJZCg5Qb2xpY3lSZXZpc2lvbhIQCghyZXZpc2lvbhgBIAEoCRINCgVmaWxlcxgCIAMoCRImCgJhdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiWgoNUG9saWN5UHJvYmxlbRIMCgRmaWxlGAEgASgJEgwKBGxpbmUYAiABKA0SDgoGY29sdW1uGAMgASgNEgwKBHBhdGgYBCABKAkSDwoHbWVzc2FnZRgFIAEoCSLHAQoMUG9saWN5U3RhdHVzEioKB2N1cnJlbnQYASABKAsyGS53YXJkZW4udjEuUG9saWN5UmV2aXNpb24SDQoFcnVsZXMYAiABKA0SEQoJZGlyZWN0b3J5GAMgASgJEhAKCHdhdGNoaW5nGAQgASgIEisKCHJlamVjdGVkGAUgASgLMhkud2FyZGVuLnYxLlBvbGljeVJldmlzaW9uEioKCHByb2JsZW1zGAYgAygLMhgud2FyZGVuLnYxLlBvbGljeVByb2JsZW0iMAoZUG9saWN5Q2FwYWJpbGl0aWVzUmVxdWVzdBITCgthY3Rvcl90b2tlbhgBIAEoCSJJChpQb2xpY3lDYXBhYmlsaXRpZXNSZXNwb25zZRIrCgxjYXBhYmlsaXRpZXMYASADKAsyFS53YXJkZW4udjEuQ2FwYWJpbGl0eTKxAQoIUG9saWNpZXMSRAoJR2V0U3RhdHVzEh4ud2FyZGVuLnYxLlBvbGljeVN0YXR1c1JlcXVlc3QaFy53YXJkZW4udjEuUG9saWN5U3RhdHVzEl8KEExpc3RDYXBhYmlsaXRpZXMSJC53YXJkZW4udjEuUG9saWN5Q2FwYWJpbGl0aWVzUmVxdWVzdBolLndhcmRlbi52MS5Qb2xpY3lDYXBhYmlsaXRpZXNSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_timestamp, file_warden_v1_registry]);
+  fileDesc("ChZ3YXJkZW4vdjEvcG9saWN5LnByb3RvEgl3YXJkZW4udjEiQQoTUG9saWN5U3RhdHVzUmVxdWVzdBITCgthY3Rvcl90b2tlbhgBIAEoCRIVCg1pbmNsdWRlX3J1bGVzGBQgASgIIlkKDlBvbGljeVJldmlzaW9uEhAKCHJldmlzaW9uGAEgASgJEg0KBWZpbGVzGAIgAygJEiYKAmF0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJaCg1Qb2xpY3lQcm9ibGVtEgwKBGZpbGUYASABKAkSDAoEbGluZRgCIAEoDRIOCgZjb2x1bW4YAyABKA0SDAoEcGF0aBgEIAEoCRIPCgdtZXNzYWdlGAUgASgJIv0BCgxQb2xpY3lTdGF0dXMSKgoHY3VycmVudBgBIAEoCzIZLndhcmRlbi52MS5Qb2xpY3lSZXZpc2lvbhINCgVydWxlcxgCIAEoDRIRCglkaXJlY3RvcnkYAyABKAkSEAoId2F0Y2hpbmcYBCABKAgSKwoIcmVqZWN0ZWQYBSABKAsyGS53YXJkZW4udjEuUG9saWN5UmV2aXNpb24SKgoIcHJvYmxlbXMYBiADKAsyGC53YXJkZW4udjEuUG9saWN5UHJvYmxlbRI0Cg5ydWxlc19pbl9mb3JjZRgUIAMoCzIcLndhcmRlbi52MS5Qb2xpY3lSdWxlU3VtbWFyeSLZAQoRUG9saWN5UnVsZVN1bW1hcnkSCgoCaWQYASABKAkSDAoEZmlsZRgCIAEoCRIMCgRsaW5lGAMgASgNEg4KBmVmZmVjdBgEIAEoCRIMCgRtb2RlGAUgASgJEhQKDGNhcGFiaWxpdGllcxgGIAMoCRIMCgR3aGVuGAcgASgJEg8KB21lc3NhZ2UYCCABKAkSFAoMbWVzc2FnZV9leHByGAkgASgJEhEKCWFwcHJvdmVycxgKIAEoCRILCgN0dGwYCyABKAkSEwoLZGVzY3JpcHRpb24YDCABKAkiMAoZUG9saWN5Q2FwYWJpbGl0aWVzUmVxdWVzdBITCgthY3Rvcl90b2tlbhgBIAEoCSJJChpQb2xpY3lDYXBhYmlsaXRpZXNSZXNwb25zZRIrCgxjYXBhYmlsaXRpZXMYASADKAsyFS53YXJkZW4udjEuQ2FwYWJpbGl0eTKxAQoIUG9saWNpZXMSRAoJR2V0U3RhdHVzEh4ud2FyZGVuLnYxLlBvbGljeVN0YXR1c1JlcXVlc3QaFy53YXJkZW4udjEuUG9saWN5U3RhdHVzEl8KEExpc3RDYXBhYmlsaXRpZXMSJC53YXJkZW4udjEuUG9saWN5Q2FwYWJpbGl0aWVzUmVxdWVzdBolLndhcmRlbi52MS5Qb2xpY3lDYXBhYmlsaXRpZXNSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_timestamp, file_warden_v1_registry]);
 
 /**
  * @generated from message warden.v1.PolicyStatusRequest
@@ -29,6 +29,13 @@ export type PolicyStatusRequest = Message<"warden.v1.PolicyStatusRequest"> & {
    * @generated from field: string actor_token = 1;
    */
   actorToken: string;
+
+  /**
+   * Also answer with every rule in force (PolicyStatus.rules_in_force).
+   *
+   * @generated from field: bool include_rules = 20;
+   */
+  includeRules: boolean;
 };
 
 /**
@@ -154,6 +161,14 @@ export type PolicyStatus = Message<"warden.v1.PolicyStatus"> & {
    * @generated from field: repeated warden.v1.PolicyProblem problems = 6;
    */
   problems: PolicyProblem[];
+
+  /**
+   * The rules of the set in force, in load order; filled only when the
+   * request asks for them (include_rules).
+   *
+   * @generated from field: repeated warden.v1.PolicyRuleSummary rules_in_force = 20;
+   */
+  rulesInForce: PolicyRuleSummary[];
 };
 
 /**
@@ -162,6 +177,96 @@ export type PolicyStatus = Message<"warden.v1.PolicyStatus"> & {
  */
 export const PolicyStatusSchema: GenMessage<PolicyStatus> = /*@__PURE__*/
   messageDesc(file_warden_v1_policy, 3);
+
+/**
+ * One rule of the set in force, as its author wrote it.
+ *
+ * @generated from message warden.v1.PolicyRuleSummary
+ */
+export type PolicyRuleSummary = Message<"warden.v1.PolicyRuleSummary"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * The policy file and the line the rule starts on.
+   *
+   * @generated from field: string file = 2;
+   */
+  file: string;
+
+  /**
+   * @generated from field: uint32 line = 3;
+   */
+  line: number;
+
+  /**
+   * allow, deny, require_approval or hide.
+   *
+   * @generated from field: string effect = 4;
+   */
+  effect: string;
+
+  /**
+   * enforce, or audit (recorded, not enforced).
+   *
+   * @generated from field: string mode = 5;
+   */
+  mode: string;
+
+  /**
+   * Glob patterns over capability ids.
+   *
+   * @generated from field: repeated string capabilities = 6;
+   */
+  capabilities: string[];
+
+  /**
+   * The CEL condition, as written.
+   *
+   * @generated from field: string when = 7;
+   */
+  when: string;
+
+  /**
+   * The public message, or the CEL expression producing it.
+   *
+   * @generated from field: string message = 8;
+   */
+  message: string;
+
+  /**
+   * @generated from field: string message_expr = 9;
+   */
+  messageExpr: string;
+
+  /**
+   * require_approval only: who may approve (CEL) and for how long.
+   *
+   * @generated from field: string approvers = 10;
+   */
+  approvers: string;
+
+  /**
+   * @generated from field: string ttl = 11;
+   */
+  ttl: string;
+
+  /**
+   * For people reading the policy.
+   *
+   * @generated from field: string description = 12;
+   */
+  description: string;
+};
+
+/**
+ * Describes the message warden.v1.PolicyRuleSummary.
+ * Use `create(PolicyRuleSummarySchema)` to create a new message.
+ */
+export const PolicyRuleSummarySchema: GenMessage<PolicyRuleSummary> = /*@__PURE__*/
+  messageDesc(file_warden_v1_policy, 4);
 
 /**
  * @generated from message warden.v1.PolicyCapabilitiesRequest
@@ -178,7 +283,7 @@ export type PolicyCapabilitiesRequest = Message<"warden.v1.PolicyCapabilitiesReq
  * Use `create(PolicyCapabilitiesRequestSchema)` to create a new message.
  */
 export const PolicyCapabilitiesRequestSchema: GenMessage<PolicyCapabilitiesRequest> = /*@__PURE__*/
-  messageDesc(file_warden_v1_policy, 4);
+  messageDesc(file_warden_v1_policy, 5);
 
 /**
  * @generated from message warden.v1.PolicyCapabilitiesResponse
@@ -195,7 +300,7 @@ export type PolicyCapabilitiesResponse = Message<"warden.v1.PolicyCapabilitiesRe
  * Use `create(PolicyCapabilitiesResponseSchema)` to create a new message.
  */
 export const PolicyCapabilitiesResponseSchema: GenMessage<PolicyCapabilitiesResponse> = /*@__PURE__*/
-  messageDesc(file_warden_v1_policy, 5);
+  messageDesc(file_warden_v1_policy, 6);
 
 /**
  * @generated from service warden.v1.Policies
