@@ -299,10 +299,29 @@ class TelemetrySection(_Section):
     otlp_endpoint: str | None = None
     """The collector's traces URL (``http://collector:4318/v1/traces``); unset
     reads ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``."""
+    metrics: Literal["none", "otlp"] = "none"
+    """``otlp`` also pushes the figures ``/metrics`` serves to an OpenTelemetry
+    collector over OTLP/HTTP, every ``otlp_metrics_interval`` and at shutdown."""
+    otlp_metrics_endpoint: str | None = None
+    """The collector's metrics URL (``http://collector:4318/v1/metrics``); unset
+    reads ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``."""
+    otlp_metrics_interval: str = "60s"
+    """How often the metrics are pushed (a duration: 10s, 1m)."""
     otlp_headers: dict[str, str] = {}
-    """Headers for the collector (an API key); empty reads ``OTEL_EXPORTER_OTLP_HEADERS``."""
+    """Headers for the collector, traces and metrics alike (an API key); empty
+    reads ``OTEL_EXPORTER_OTLP_HEADERS``."""
     log_format: Literal["text", "json"] = "text"
     """``json``: one object per line, for log shippers."""
+
+    @model_validator(mode="after")
+    def _interval(self) -> TelemetrySection:
+        try:
+            seconds = parse_duration(self.otlp_metrics_interval)
+        except ValueError as exc:
+            raise ValueError(f"otlp_metrics_interval: {exc}") from None
+        if seconds <= 0:
+            raise ValueError("otlp_metrics_interval: must be longer than 0s")
+        return self
 
 
 class ConsoleSection(_Section):

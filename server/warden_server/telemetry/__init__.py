@@ -10,6 +10,8 @@ records in them, policy loads and refusals included) and each pipeline step
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
@@ -23,6 +25,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import Tracer
 
+from warden_server.policy.model import parse_duration
 from warden_server.records.events import AuditEvent
 from warden_server.telemetry.logs import fields, silence_leaky_loggers
 from warden_server.telemetry.metrics import Metrics, MetricsEndpoint
@@ -30,6 +33,7 @@ from warden_server.telemetry.metrics import Metrics, MetricsEndpoint
 if TYPE_CHECKING:
     from warden_server.config import TelemetrySection
     from warden_server.pipeline.failure import Failure
+    from warden_server.telemetry.otlp import MetricsPusher
 
 P = TypeVar("P")
 C = TypeVar("C")
@@ -70,9 +74,14 @@ class Telemetry:
         traces: str = "none",
         otlp_endpoint: str | None = None,
         otlp_headers: Mapping[str, str] | None = None,
+        metrics: str = "none",
+        otlp_metrics_endpoint: str | None = None,
+        otlp_metrics_interval: float = 60.0,
     ) -> None:
         silence_leaky_loggers()
-        self.tracer_provider = TracerProvider(resource=Resource.create({"service.name": "warden"}))
+        instance = f"{socket.gethostname()}:{os.getpid()}"
+        resource = Resource.create({"service.name": "warden", "service.instance.id": instance})
+        self.tracer_provider = TracerProvider(resource=resource)
         self.tracer: Tracer = self.tracer_provider.get_tracer("warden_server")
         self.tracing = False
         """Whether spans go anywhere. Until they do, none is made: a request
@@ -82,6 +91,17 @@ class Telemetry:
         elif traces == "otlp":
             self.export_spans(otlp_spans(otlp_endpoint, otlp_headers))
         self.metrics = Metrics()
+        self._pusher: MetricsPusher | None = None
+        if metrics == "otlp":
+            from warden_server.telemetry.otlp import MetricsPusher
+
+            self._pusher = MetricsPusher(
+                self.metrics.registry,
+                resource,
+                endpoint=otlp_metrics_endpoint,
+                headers=otlp_headers,
+                interval=otlp_metrics_interval,
+            )
         self._endpoint: MetricsEndpoint | None = None
         self.peer_metrics_ports: tuple[int, ...] = ()
         """The ``/metrics`` ports of the plane's other processes, whose figures
@@ -98,6 +118,9 @@ class Telemetry:
             traces=section.traces,
             otlp_endpoint=section.otlp_endpoint,
             otlp_headers=section.otlp_headers,
+            metrics=section.metrics,
+            otlp_metrics_endpoint=section.otlp_metrics_endpoint,
+            otlp_metrics_interval=parse_duration(section.otlp_metrics_interval),
         )
 
     def run_stage(self, step: Callable[[P, C], Failure | None], plane: P, ctx: C) -> Failure | None:
@@ -157,6 +180,9 @@ class Telemetry:
         if self._endpoint is not None:
             self._endpoint.close()
             self._endpoint = None
+        if self._pusher is not None:
+            self._pusher.close()
+            self._pusher = None
         self.tracer_provider.shutdown()
 
 
