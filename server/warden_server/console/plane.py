@@ -219,7 +219,7 @@ class Plane:
             rules_in_force=[
                 PolicyRule(
                     id=r.id,
-                    file=r.file,
+                    file=_within(r.file, status.directory),
                     line=r.line,
                     effect=r.effect,
                     mode=r.mode,
@@ -258,6 +258,12 @@ def _refused(target: str, exc: grpc.RpcError) -> PlaneRefused:
 def _message(target: str, status: str, message: str) -> str:
     code = getattr(grpc.StatusCode, status, None)
     return unreachable(target, code, message) or message
+
+
+def _within(file: str, directory: str) -> str:
+    """A policy file's path relative to the policy folder, when it is in it."""
+    inside = file.removeprefix(directory.rstrip("/") + "/")
+    return inside if directory and inside != file else file
 
 
 def _stamp(at: Any) -> str:
