@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from warden.v1 import registry_pb2 as warden_dot_v1_dot_registry__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16warden/v1/policy.proto\x12\twarden.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18warden/v1/registry.proto\"*\n\x13PolicyStatusRequest\x12\x13\n\x0b\x61\x63tor_token\x18\x01 \x01(\t\"Y\n\x0ePolicyRevision\x12\x10\n\x08revision\x18\x01 \x01(\t\x12\r\n\x05\x66iles\x18\x02 \x03(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Z\n\rPolicyProblem\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\x0c\n\x04line\x18\x02 \x01(\r\x12\x0e\n\x06\x63olumn\x18\x03 \x01(\r\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\"\xc7\x01\n\x0cPolicyStatus\x12*\n\x07\x63urrent\x18\x01 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12\r\n\x05rules\x18\x02 \x01(\r\x12\x11\n\tdirectory\x18\x03 \x01(\t\x12\x10\n\x08watching\x18\x04 \x01(\x08\x12+\n\x08rejected\x18\x05 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12*\n\x08problems\x18\x06 \x03(\x0b\x32\x18.warden.v1.PolicyProblem\"0\n\x19PolicyCapabilitiesRequest\x12\x13\n\x0b\x61\x63tor_token\x18\x01 \x01(\t\"I\n\x1aPolicyCapabilitiesResponse\x12+\n\x0c\x63\x61pabilities\x18\x01 \x03(\x0b\x32\x15.warden.v1.Capability2\xb1\x01\n\x08Policies\x12\x44\n\tGetStatus\x12\x1e.warden.v1.PolicyStatusRequest\x1a\x17.warden.v1.PolicyStatus\x12_\n\x10ListCapabilities\x12$.warden.v1.PolicyCapabilitiesRequest\x1a%.warden.v1.PolicyCapabilitiesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16warden/v1/policy.proto\x12\twarden.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18warden/v1/registry.proto\"*\n\x13PolicyStatusRequest\x12\x13\n\x0b\x61\x63tor_token\x18\x01 \x01(\t\"Y\n\x0ePolicyRevision\x12\x10\n\x08revision\x18\x01 \x01(\t\x12\r\n\x05\x66iles\x18\x02 \x03(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Z\n\rPolicyProblem\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\x0c\n\x04line\x18\x02 \x01(\r\x12\x0e\n\x06\x63olumn\x18\x03 \x01(\r\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\"\xf3\x01\n\x0cPolicyStatus\x12*\n\x07\x63urrent\x18\x01 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12\r\n\x05rules\x18\x02 \x01(\r\x12\x11\n\tdirectory\x18\x03 \x01(\t\x12\x10\n\x08watching\x18\x04 \x01(\x08\x12+\n\x08rejected\x18\x05 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12*\n\x08problems\x18\x06 \x03(\x0b\x32\x18.warden.v1.PolicyProblem\x12*\n\x08replicas\x18\x07 \x03(\x0b\x32\x18.warden.v1.ReplicaStatus\"\xfc\x01\n\rReplicaStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x11\n\tprocesses\x18\x03 \x01(\r\x12*\n\x07\x63urrent\x18\x04 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12+\n\x08rejected\x18\x05 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12\x15\n\rregistrations\x18\x06 \x01(\r\x12\x0e\n\x06leader\x18\x07 \x01(\x08\x12+\n\x07seen_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tanswering\x18\t \x01(\x08\"0\n\x19PolicyCapabilitiesRequest\x12\x13\n\x0b\x61\x63tor_token\x18\x01 \x01(\t\"I\n\x1aPolicyCapabilitiesResponse\x12+\n\x0c\x63\x61pabilities\x18\x01 \x03(\x0b\x32\x15.warden.v1.Capability2\xb1\x01\n\x08Policies\x12\x44\n\tGetStatus\x12\x1e.warden.v1.PolicyStatusRequest\x1a\x17.warden.v1.PolicyStatus\x12_\n\x10ListCapabilities\x12$.warden.v1.PolicyCapabilitiesRequest\x1a%.warden.v1.PolicyCapabilitiesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,11 +40,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POLICYPROBLEM']._serialized_start=231
   _globals['_POLICYPROBLEM']._serialized_end=321
   _globals['_POLICYSTATUS']._serialized_start=324
-  _globals['_POLICYSTATUS']._serialized_end=523
-  _globals['_POLICYCAPABILITIESREQUEST']._serialized_start=525
-  _globals['_POLICYCAPABILITIESREQUEST']._serialized_end=573
-  _globals['_POLICYCAPABILITIESRESPONSE']._serialized_start=575
-  _globals['_POLICYCAPABILITIESRESPONSE']._serialized_end=648
-  _globals['_POLICIES']._serialized_start=651
-  _globals['_POLICIES']._serialized_end=828
+  _globals['_POLICYSTATUS']._serialized_end=567
+  _globals['_REPLICASTATUS']._serialized_start=570
+  _globals['_REPLICASTATUS']._serialized_end=822
+  _globals['_POLICYCAPABILITIESREQUEST']._serialized_start=824
+  _globals['_POLICYCAPABILITIESREQUEST']._serialized_end=872
+  _globals['_POLICYCAPABILITIESRESPONSE']._serialized_start=874
+  _globals['_POLICYCAPABILITIESRESPONSE']._serialized_end=947
+  _globals['_POLICIES']._serialized_start=950
+  _globals['_POLICIES']._serialized_end=1127
 # @@protoc_insertion_point(module_scope)
