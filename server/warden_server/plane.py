@@ -103,6 +103,8 @@ class ProcessSecrets:
 
     grant_key_pem: str
     seal_key_hex: str
+    replica_id: str = ""
+    """The name the processes report under together (``replicas.py``)."""
 
 
 @dataclass
@@ -209,11 +211,14 @@ class Plane:
                 store, ReadLimiter(config.audit.read_rate, config.audit.read_burst)
             ),
             joined=joined,
+            replica_id=secrets.replica_id if secrets and secrets.replica_id else new_replica_id(),
         )
 
     def secrets(self) -> ProcessSecrets:
-        """The keys a process joining this plane must use."""
-        return ProcessSecrets(self.grants.private_pem().decode(), self.sealer.key.hex())
+        """The keys a process joining this plane must use, and the replica's name."""
+        return ProcessSecrets(
+            self.grants.private_pem().decode(), self.sealer.key.hex(), self.replica_id
+        )
 
     def close(self) -> None:
         self.reloader.stop()
