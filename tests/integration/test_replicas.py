@@ -28,6 +28,7 @@ from tests.conftest import ACTOR_SECRET, ORDERS_TOKEN, ROOT, Plant, make_config
 from tests.integration.guarantees.lab import Ledger, build_payments, write_guarantees_policies
 from tests.integration.lab import Lab, build_lab, write_lab_policies
 from tests.integration.test_replica_status import BROKEN, status_of, wait_for_status
+from tests.unit.approval_records import pending
 from warden_server.app import serve
 from warden_server.audit.reader import verify
 from warden_server.auth.actors import mint_token
@@ -50,7 +51,8 @@ def replicas(tmp_path: Path, postgres_url: str) -> Iterator[Callable[[Path], lis
             config = make_config(tmp_path, folder, store=postgres_url, processes=1)
             if sections:
                 data = config.model_dump()
-                data.update(sections)
+                for name, section in sections.items():
+                    data[name] = {**(data.get(name) or {}), **section}
                 config = type(config).model_validate(data)
             server = serve(Plane.from_config(config), "127.0.0.1:0")
             running.append(server)
@@ -332,3 +334,87 @@ def test_policy_status_names_the_replica_serving_another_revision_and_the_one_re
     ) in metrics
     assert f'warden_replica_policy_info{{host="{c_id.split("/")[0]}",' in metrics
     assert metrics.count("warden_replica_leader{") == 3
+
+
+def test_approval_expiry_runs_once_per_cluster_on_the_leading_replica(
+    replicas: Callable[..., list[Plant]], tmp_path: Path, postgres_url: str
+) -> None:
+    plants = replicas(
+        write_lab_policies(tmp_path / "policies"), server={"approval_sweep_seconds": 0.05}
+    )
+    store = plants[0].server.plane.store
+    store.transact(lambda tx: tx.insert_approval(pending("due-since-2026")))
+    deadline = time.monotonic() + 30
+    while (approval := store.get_approval("due-since-2026")) and approval.state != "expired":
+        assert time.monotonic() < deadline, "the approval never expired"
+        time.sleep(0.05)
+    sweeping = [p for p in plants if p.server.sweeper and p.server.sweeper.sweeps]
+    assert len(sweeping) == 1, "only the replica holding the leader lock sweeps"
+    with psycopg.connect(postgres_url) as conn:
+        expired = conn.execute(
+            "SELECT count(*) FROM audit_events WHERE kind = 'approval' AND status = 'expired'"
+        ).fetchone()
+    assert expired == (1,)
+
+
+def test_another_replica_leads_when_the_leader_is_killed(tmp_path: Path, postgres_url: str) -> None:
+    write_lab_policies(tmp_path / "policies")
+    config_file = tmp_path / "warden.toml"
+    config_file.write_text(
+        f"""
+[server]
+store = "{postgres_url}"
+policies = "policies"
+processes = 1
+replica_report_seconds = 0.2
+
+[actors]
+hs256_secret = "{ACTOR_SECRET}"
+issuer = "warden-test"
+audience = "warden"
+"""
+    )
+    config = load_config(config_file, environ={})
+    token = mint_token(config, subject="ann", roles=("policy-author",), ttl_seconds=3600)
+    ports = [free_port() for _ in range(REPLICAS)]
+    planes = [_start(config_file, port) for port in ports]
+    try:
+        for plane, port in zip(planes, ports, strict=True):
+            wait_until_serving(f"127.0.0.1:{port}", plane)
+
+        def leaders(port: int, live: int) -> list[dict[str, Any]]:
+            deadline = time.monotonic() + 60
+            while True:
+                result = _policy_status(port, token)
+                if len(result["replicas"]) == live:
+                    leading = [r for r in result["replicas"] if r["leader"]]
+                    if leading:
+                        return leading
+                assert time.monotonic() < deadline, f"no leader among {live}: {result}"
+                time.sleep(0.1)
+
+        (leader,) = leaders(ports[0], live=REPLICAS)
+        by_id = {_policy_status(p, token)["answering"]: n for n, p in enumerate(ports)}
+        killed = by_id[leader["id"]]
+        os.killpg(planes[killed].pid, signal.SIGKILL)
+        planes[killed].wait()
+        survivor = ports[(killed + 1) % REPLICAS]
+        (successor,) = leaders(survivor, live=REPLICAS - 1)
+        assert successor["id"] != leader["id"]
+    finally:
+        for plane in planes:
+            if plane.poll() is None:
+                plane.terminate()
+                plane.wait(timeout=30)
+
+
+def _policy_status(port: int, token: str) -> dict[str, Any]:
+    """``warden policy status --json`` of one replica, with the id of the one answering."""
+    result = subprocess.run(
+        [*warden_command(), "policy", "status", "--target", f"127.0.0.1:{port}",
+         "--token", token, "--json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    data: dict[str, Any] = json.loads(result.stdout)
+    data["answering"] = next((r["id"] for r in data["replicas"] if r["answering"]), "")
+    return data
