@@ -354,7 +354,7 @@ def _tamper(store: Any, statement: str) -> None:
 def replica(replica_id: str, seen_at: str, **fields: Any) -> ReplicaRecord:
     values: dict[str, Any] = {
         "replica_id": replica_id,
-        "host": replica_id.split("/")[0],
+        "host": replica_id.split("/", maxsplit=1)[0],
         "processes": 2,
         "revision": "a" * 64,
         "loaded_at": "2026-01-01T00:00:00+00:00",
