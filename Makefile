@@ -37,12 +37,14 @@ run: $(STAMP) ## Serve the plane on 127.0.0.1:50051 with policies/ and var/warde
 	$(BIN)/warden serve --config warden.toml
 
 # The store contract suite and the replica tests start a throw-away PostgreSQL
-# server (tests/postgres.py) from Debian's postgresql package: in CI (CI=true)
-# it is installed when missing, and a skipped PostgreSQL test fails the run.
+# server (tests/postgres.py) from Debian's postgresql package, whose binaries
+# live in /usr/lib/postgresql/N/bin, off the PATH: in CI (CI=true, 1 or yes, as
+# tests/postgres.py reads it) it is installed when missing, and a skipped
+# PostgreSQL test fails the run.
 .PHONY: postgres-binaries
-postgres-binaries:
+postgres-binaries: ## Install Debian's PostgreSQL server binaries for the tests, when missing (in CI)
 	@if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
-	  if [ "$${CI:-}" = true ]; then \
+	  if case "$${CI:-}" in true|TRUE|True|1|yes|YES|Yes) true;; *) false;; esac; then \
 	    SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql; \
 	  else \

@@ -23,13 +23,25 @@ import psycopg
 USER = "warden"
 
 
-def binaries() -> Path | None:
-    """The folder of ``initdb``, ``pg_ctl`` and ``postgres``, if installed."""
-    found = shutil.which("initdb")
+DEBIAN_BINARIES = "/usr/lib/postgresql/*/bin/initdb"
+"""Where Debian's ``postgresql`` package puts them: not on the PATH."""
+
+
+def binaries(path: str | None = None, debian: str = DEBIAN_BINARIES) -> Path | None:
+    """The folder of ``initdb``, ``pg_ctl`` and ``postgres``, if installed: the
+    one of an ``initdb`` on ``path`` (default: the PATH; a symlink is followed
+    to the folder that holds all three), else Debian's newest version."""
+    found = shutil.which("initdb", path=path)
     if found:
-        return Path(found).parent
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
+        return Path(found).resolve().parent
+    candidates = sorted(glob.glob(debian), key=_major_version, reverse=True)
     return Path(candidates[0]).parent if candidates else None
+
+
+def _major_version(initdb: str) -> int:
+    """16 for ``/usr/lib/postgresql/16/bin/initdb`` (so 16 sorts above 9.6)."""
+    version = Path(initdb).parent.parent.name.split(".")[0]
+    return int(version) if version.isdigit() else 0
 
 
 class Server:

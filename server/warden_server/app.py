@@ -37,6 +37,7 @@ from warden_server.notifications import Notifier, start_notifier
 from warden_server.plane import Plane
 from warden_server.policy.model import parse_duration
 from warden_server.processes import JoinedProcesses
+from warden_server.replicas import ReplicaMetrics, ReplicaReporter, live_replicas
 from warden_server.services.approvals import ApprovalsServicer
 from warden_server.services.audit import AuditServicer
 from warden_server.services.governor import GovernorServicer
@@ -89,6 +90,7 @@ class Server:
     """The other processes serving this port, started by this (the first) one."""
     anchors: AnchorPublisher | None = field(default=None, repr=False)
     notifier: Notifier | None = field(default=None, repr=False)
+    reporter: ReplicaReporter | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -115,6 +117,8 @@ class Server:
             self.anchors.stop()
         if self.notifier is not None:
             self.notifier.stop()
+        if self.reporter is not None:
+            self.reporter.stop()
         self.plane.close()
 
     def wait(self) -> None:
@@ -187,6 +191,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     if not plane.joined:
         sweeper = Sweeper(plane, plane.config.server.approval_sweep_seconds)
         sweeper.start()
+    reporter = None if plane.joined else _report_replica(plane)
     shared = processes > 1 or plane.config.store_url is not None
     tail = ApprovalTail(plane.store, plane.approval_events) if shared else None
     if tail is not None:
@@ -203,6 +208,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         approval_tail=tail,
         anchors=anchors,
         notifier=None if plane.joined else start_notifier(plane),
+        reporter=reporter,
     )
     if processes > 1 and not plane.joined:
         try:
@@ -327,6 +333,17 @@ def _retention(plane: Plane) -> RetentionScheduler | None:
     )
     scheduler.start()
     return scheduler
+
+
+def _report_replica(plane: Plane) -> ReplicaReporter:
+    """Report what this replica serves, and show every live replica in ``/metrics``."""
+    interval = plane.config.server.replica_report_seconds
+    plane.telemetry.metrics.registry.register(
+        ReplicaMetrics(lambda: live_replicas(plane.store, interval, plane.clock()))
+    )
+    reporter = ReplicaReporter(plane)
+    reporter.start()
+    return reporter
 
 
 def _anchors(plane: Plane) -> AnchorPublisher | None:

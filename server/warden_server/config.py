@@ -84,6 +84,10 @@ class ServerSection(_Section):
     approval_sweep_seconds: Annotated[float, Field(gt=0)] = 15.0
     """How often the plane marks approvals whose time is up as expired (and tells
     watchers). Expiry is enforced at every use regardless; this keeps states honest."""
+    replica_report_seconds: Annotated[float, Field(gt=0)] = 10.0
+    """How often the plane reports what it serves (its policy revision, refused
+    change, registrations) to the other replicas on its store; one that misses
+    three reports is no longer shown as live."""
     max_approval_watchers: Annotated[int, Field(ge=0)] = 4
     """Open approval watch streams at most. Each holds one of the ``workers``
     threads, so it must stay below ``workers``."""

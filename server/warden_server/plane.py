@@ -20,6 +20,7 @@ from warden_server.policy.engine import PolicySet
 from warden_server.policy.loader import Problem
 from warden_server.registry import Registry
 from warden_server.reload import PolicyReloader, load_at_start
+from warden_server.replicas import new_replica_id
 from warden_server.sealing import Sealer
 from warden_server.store import Store, open_store
 from warden_server.telemetry import Telemetry
@@ -61,6 +62,8 @@ class PolicyHolder:
     def __init__(self, policies: PolicySet, loaded_at: datetime | None = None) -> None:
         self._status = PolicyStatus(policies, loaded_at or utc_now())
         self._lock = threading.Lock()
+        self.changed = threading.Event()
+        """Set at every change of the status (what this replica reports)."""
 
     def current(self) -> PolicySet:
         return self._status.current
@@ -73,6 +76,7 @@ class PolicyHolder:
         with self._lock:
             previous = self._status.current
             self._status = PolicyStatus(policies, at or utc_now())
+        self.changed.set()
         return previous
 
     def reject(
@@ -82,11 +86,13 @@ class PolicyHolder:
         rejection = Rejection(revision, tuple(files), at, tuple(problems))
         with self._lock:
             self._status = replace(self._status, rejected=rejection)
+        self.changed.set()
 
     def settle(self) -> None:
         """The folder is back to the set in force: no change is pending."""
         with self._lock:
             self._status = replace(self._status, rejected=None)
+        self.changed.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +103,8 @@ class ProcessSecrets:
 
     grant_key_pem: str
     seal_key_hex: str
+    replica_id: str = ""
+    """The name the processes report under together (``replicas.py``)."""
 
 
 @dataclass
@@ -120,6 +128,8 @@ class Plane:
     telemetry: Telemetry = field(default_factory=Telemetry)
     checkpoints: CheckpointVerifier | None = None
     """Checks retention checkpoints; a ``CheckpointSigner`` where this plane prunes."""
+    replica_id: str = field(default_factory=new_replica_id)
+    """This replica's name in the store's ``replicas`` table."""
     joined: bool = False
     """This process joined a plane another process started (``[server] processes``):
     that one alone sweeps approvals and prunes, and serves the plane's metrics."""
@@ -201,11 +211,14 @@ class Plane:
                 store, ReadLimiter(config.audit.read_rate, config.audit.read_burst)
             ),
             joined=joined,
+            replica_id=secrets.replica_id if secrets and secrets.replica_id else new_replica_id(),
         )
 
     def secrets(self) -> ProcessSecrets:
-        """The keys a process joining this plane must use."""
-        return ProcessSecrets(self.grants.private_pem().decode(), self.sealer.key.hex())
+        """The keys a process joining this plane must use, and the replica's name."""
+        return ProcessSecrets(
+            self.grants.private_pem().decode(), self.sealer.key.hex(), self.replica_id
+        )
 
     def close(self) -> None:
         self.reloader.stop()

@@ -346,6 +346,11 @@ class Registry:
             for record in self._store.capability_versions(latest.id)
         ]
 
+    def versions_read(self) -> int:
+        """How many capability versions this plane has read from the store."""
+        with self._lock:
+            return len(self._cache)
+
     def _capability(self, record: CapabilityRecord) -> Capability:
         key = (record.id, record.version)
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from warden_server.store import (
     open_store,
 )
 from warden_server.store.integrity import TamperedRow
+from warden_server.store.records import ReplicaRecord
 
 LATER = "2026-01-01T00:30:00.000Z"
 Opener = Callable[[], Any]
@@ -347,3 +349,67 @@ def _tamper(store: Any, statement: str) -> None:
             conn.commit()
         finally:
             conn.close()
+
+
+def replica(replica_id: str, seen_at: str, **fields: Any) -> ReplicaRecord:
+    values: dict[str, Any] = {
+        "replica_id": replica_id,
+        "host": replica_id.split("/", maxsplit=1)[0],
+        "processes": 2,
+        "revision": "a" * 64,
+        "loaded_at": "2026-01-01T00:00:00+00:00",
+        "refused_revision": None,
+        "refused_at": None,
+        "registrations": 3,
+        "leader": False,
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "seen_at": seen_at,
+    }
+    values.update(fields)
+    return ReplicaRecord(**values)
+
+
+def test_replicas_report_what_they_serve_to_every_plane(open_another: Opener) -> None:
+    one, another = open_another(), open_another()
+    a = replica("host-a/1", "2026-01-01T00:10:00+00:00", leader=True)
+    b = replica(
+        "host-b/2",
+        "2026-01-01T00:10:00+00:00",
+        refused_revision="b" * 64,
+        refused_at="2026-01-01T00:09:00+00:00",
+    )
+    gone = replica("host-c/3", "2026-01-01T00:01:00+00:00")
+    forget_before = "2025-12-31T00:00:00+00:00"
+    one.transact(lambda tx: tx.report_replica(a, forget_before=forget_before))
+    another.transact(lambda tx: tx.report_replica(b, forget_before=forget_before))
+    another.transact(lambda tx: tx.report_replica(gone, forget_before=forget_before))
+    assert one.replicas("2026-01-01T00:05:00+00:00") == [a, b]
+    assert another.replicas("2026-01-01T00:00:00+00:00") == [a, b, gone]
+
+    settled = replace(
+        b, refused_revision=None, refused_at=None, seen_at="2026-01-01T00:11:00+00:00"
+    )
+    another.transact(lambda tx: tx.report_replica(settled, forget_before=forget_before))
+    assert one.replicas("2026-01-01T00:05:00+00:00") == [a, settled]
+
+    one.transact(lambda tx: tx.forget_replica(a.replica_id))
+    assert another.replicas("2026-01-01T00:05:00+00:00") == [settled]
+    # A replica killed, not stopped, leaves a row that the next report deletes once it is old.
+    one.transact(lambda tx: tx.report_replica(a, forget_before="2026-01-01T00:05:00+00:00"))
+    assert another.replicas("2000-01-01T00:00:00+00:00") == [a, settled]
+
+
+def test_one_replica_on_a_database_leads_and_another_takes_over_when_it_stops(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    stores = [open_store(postgres_url, tmp_path / "unused.db") for _ in range(3)]
+    try:
+        leading = [s for s in stores if s.leads()]
+        assert len(leading) == 1
+        assert leading[0].leads(), "leadership stays with the replica holding it"
+        leading[0].close()
+        rest = [s for s in stores if s is not leading[0]]
+        assert [s.leads() for s in rest].count(True) == 1
+    finally:
+        for s in stores:
+            s.close()

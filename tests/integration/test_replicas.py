@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from benchmarks import free_port, wait_until_serving, warden_command
 from tests.conftest import ACTOR_SECRET, ORDERS_TOKEN, ROOT, Plant, make_config
 from tests.integration.guarantees.lab import Ledger, build_payments, write_guarantees_policies
 from tests.integration.lab import Lab, build_lab, write_lab_policies
+from tests.integration.test_replica_status import BROKEN, status_of, wait_for_status
+from tests.unit.approval_records import pending
 from warden_server.app import serve
 from warden_server.audit.reader import verify
 from warden_server.auth.actors import mint_token
@@ -37,16 +40,19 @@ REPLICAS = 3
 
 @pytest.fixture
 def replicas(tmp_path: Path, postgres_url: str) -> Iterator[Callable[[Path], list[Plant]]]:
-    """Start three planes on one fresh database with these policies."""
+    """Start three planes on one fresh database with these policies (or each
+    with its own folder, given three)."""
     running: list[Any] = []
 
-    def start(policies: Path, **sections: Any) -> list[Plant]:
+    def start(policies: Path | list[Path], **sections: Any) -> list[Plant]:
         plants = []
-        for _ in range(REPLICAS):
-            config = make_config(tmp_path, policies, store=postgres_url, processes=1)
+        folders = policies if isinstance(policies, list) else [policies] * REPLICAS
+        for folder in folders:
+            config = make_config(tmp_path, folder, store=postgres_url, processes=1)
             if sections:
                 data = config.model_dump()
-                data.update(sections)
+                for name, section in sections.items():
+                    data[name] = {**(data.get(name) or {}), **section}
                 config = type(config).model_validate(data)
             server = serve(Plane.from_config(config), "127.0.0.1:0")
             running.append(server)
@@ -271,3 +277,144 @@ def _await(url: str, kind: str, at_least: int, clients: list[subprocess.Popen[by
         assert all(c.poll() is None for c in clients), "a client process ended early"
         assert time.monotonic() < deadline, f"fewer than {at_least} {kind} records"
         time.sleep(0.05)
+
+
+def test_policy_status_names_the_replica_serving_another_revision_and_the_one_refusing(
+    replicas: Callable[..., list[Plant]], tmp_path: Path
+) -> None:
+    write_lab_policies(tmp_path / "policies")
+    folders = [Path(shutil.copytree(tmp_path / "policies", tmp_path / name)) for name in "abc"]
+    a, b, c = replicas(folders)
+    lab = build_lab(a.target, ORDERS_TOKEN, Lab())
+    lab.register()
+    lab.close()
+    with (folders[1] / "lab.yaml").open("a") as f:
+        f.write("# a change only replica b has\n")
+    assert b.server.plane.reloader.reload() == "loaded"
+    (folders[2] / "broken.yaml").write_text(BROKEN)
+    assert c.server.plane.reloader.reload() == "rejected"
+    served = a.server.plane.policies.current().revision
+    lagging = b.server.plane.policies.current().revision
+    refused = c.server.plane.policies.status().rejected
+    assert refused is not None and lagging != served
+
+    data = wait_for_status(
+        a,
+        lambda d: (
+            sorted(r["revision"] for r in d["replicas"]) == sorted([served, served, lagging])
+            and any(r["rejected"] for r in d["replicas"])
+        ),
+    )
+    by_id = {r["id"]: r for r in data["replicas"]}
+    assert len(by_id) == 3
+    assert by_id[a.server.plane.replica_id]["answering"]
+    assert by_id[b.server.plane.replica_id]["revision"] == lagging
+    assert by_id[b.server.plane.replica_id]["registrations"] == len(
+        a.server.plane.registry.every_version()
+    ), "the registrations it checked its set against"
+    assert by_id[c.server.plane.replica_id]["rejected"]["revision"] == refused.revision
+    assert by_id[c.server.plane.replica_id]["revision"] == served
+    assert [r["leader"] for r in data["replicas"]].count(True) == 1
+
+    text = status_of(a)
+    assert text.exit_code == 1, "a refused change pending on any replica fails the command"
+    assert "replicas: 3 replicas live, 1 serving another revision, 1 refusing a change" in (
+        text.output
+    )
+    lines = {line.split(":")[0].strip(): line for line in text.output.splitlines()}
+    assert "(another revision)" in lines[b.server.plane.replica_id]
+    assert f"REFUSED {refused.revision[:12]}" in lines[c.server.plane.replica_id]
+    assert "answering" in lines[a.server.plane.replica_id]
+
+    metrics = a.server.plane.telemetry.metrics.exposition().decode()
+    c_id = c.server.plane.replica_id
+    assert (
+        f'warden_replica_policy_info{{host="{c_id.split("/")[0]}",'
+        f'refused_revision="{refused.revision}",replica="{c_id}",revision="{served}"}} 1.0'
+    ) in metrics
+    assert f'warden_replica_policy_info{{host="{c_id.split("/")[0]}",' in metrics
+    assert metrics.count("warden_replica_leader{") == 3
+
+
+def test_approval_expiry_runs_once_per_cluster_on_the_leading_replica(
+    replicas: Callable[..., list[Plant]], tmp_path: Path, postgres_url: str
+) -> None:
+    plants = replicas(
+        write_lab_policies(tmp_path / "policies"), server={"approval_sweep_seconds": 0.05}
+    )
+    store = plants[0].server.plane.store
+    store.transact(lambda tx: tx.insert_approval(pending("due-since-2026")))
+    deadline = time.monotonic() + 30
+    while (approval := store.get_approval("due-since-2026")) and approval.state != "expired":
+        assert time.monotonic() < deadline, "the approval never expired"
+        time.sleep(0.05)
+    sweeping = [p for p in plants if p.server.sweeper and p.server.sweeper.sweeps]
+    assert len(sweeping) == 1, "only the replica holding the leader lock sweeps"
+    with psycopg.connect(postgres_url) as conn:
+        expired = conn.execute(
+            "SELECT count(*) FROM audit_events WHERE kind = 'approval' AND status = 'expired'"
+        ).fetchone()
+    assert expired == (1,)
+
+
+def test_another_replica_leads_when_the_leader_is_killed(tmp_path: Path, postgres_url: str) -> None:
+    write_lab_policies(tmp_path / "policies")
+    config_file = tmp_path / "warden.toml"
+    config_file.write_text(
+        f"""
+[server]
+store = "{postgres_url}"
+policies = "policies"
+processes = 1
+replica_report_seconds = 0.2
+
+[actors]
+hs256_secret = "{ACTOR_SECRET}"
+issuer = "warden-test"
+audience = "warden"
+"""
+    )
+    config = load_config(config_file, environ={})
+    token = mint_token(config, subject="ann", roles=("policy-author",), ttl_seconds=3600)
+    ports = [free_port() for _ in range(REPLICAS)]
+    planes = [_start(config_file, port) for port in ports]
+    try:
+        for plane, port in zip(planes, ports, strict=True):
+            wait_until_serving(f"127.0.0.1:{port}", plane)
+
+        def leaders(port: int, live: int) -> list[dict[str, Any]]:
+            deadline = time.monotonic() + 60
+            while True:
+                result = _policy_status(port, token)
+                if len(result["replicas"]) == live:
+                    leading = [r for r in result["replicas"] if r["leader"]]
+                    if leading:
+                        return leading
+                assert time.monotonic() < deadline, f"no leader among {live}: {result}"
+                time.sleep(0.1)
+
+        (leader,) = leaders(ports[0], live=REPLICAS)
+        by_id = {_policy_status(p, token)["answering"]: n for n, p in enumerate(ports)}
+        killed = by_id[leader["id"]]
+        os.killpg(planes[killed].pid, signal.SIGKILL)
+        planes[killed].wait()
+        survivor = ports[(killed + 1) % REPLICAS]
+        (successor,) = leaders(survivor, live=REPLICAS - 1)
+        assert successor["id"] != leader["id"]
+    finally:
+        for plane in planes:
+            if plane.poll() is None:
+                plane.terminate()
+                plane.wait(timeout=30)
+
+
+def _policy_status(port: int, token: str) -> dict[str, Any]:
+    """``warden policy status --json`` of one replica, with the id of the one answering."""
+    result = subprocess.run(
+        [*warden_command(), "policy", "status", "--target", f"127.0.0.1:{port}",
+         "--token", token, "--json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    data: dict[str, Any] = json.loads(result.stdout)
+    data["answering"] = next((r["id"] for r in data["replicas"] if r["answering"]), "")
+    return data

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from warden.v1 import registry_pb2 as warden_dot_v1_dot_registry__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16warden/v1/policy.proto\x12\twarden.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18warden/v1/registry.proto\"A\n\x13PolicyStatusRequest\x12\x13\n\x0b\x61\x63tor_token\x18\x01 \x01(\t\x12\x15\n\rinclude_rules\x18\x14 \x01(\x08\"Y\n\x0ePolicyRevision\x12\x10\n\x08revision\x18\x01 \x01(\t\x12\r\n\x05\x66iles\x18\x02 \x03(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Z\n\rPolicyProblem\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\x0c\n\x04line\x18\x02 \x01(\r\x12\x0e\n\x06\x63olumn\x18\x03 \x01(\r\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\"\xfd\x01\n\x0cPolicyStatus\x12*\n\x07\x63urrent\x18\x01 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12\r\n\x05rules\x18\x02 \x01(\r\x12\x11\n\tdirectory\x18\x03 \x01(\t\x12\x10\n\x08watching\x18\x04 \x01(\x08\x12+\n\x08rejected\x18\x05 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12*\n\x08problems\x18\x06 \x03(\x0b\x32\x18.warden.v1.PolicyProblem\x12\x34\n\x0erules_in_force\x18\x14 \x03(\x0b\x32\x1c.warden.v1.PolicyRuleSummary\"\xd9\x01\n\x11PolicyRuleSummary\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\r\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x04 \x01(\t\x12\x0c\n\x04mode\x18\x05 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x12\x0c\n\x04when\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x14\n\x0cmessage_expr\x18\t \x01(\t\x12\x11\n\tapprovers\x18\n \x01(\t\x12\x0b\n\x03ttl\x18\x0b \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x0c \x01(\t\"0\n\x19PolicyCapabilitiesRequest\x12\x13\n\x0b\x61\x63tor_token\x18\x01 \x01(\t\"I\n\x1aPolicyCapabilitiesResponse\x12+\n\x0c\x63\x61pabilities\x18\x01 \x03(\x0b\x32\x15.warden.v1.Capability2\xb1\x01\n\x08Policies\x12\x44\n\tGetStatus\x12\x1e.warden.v1.PolicyStatusRequest\x1a\x17.warden.v1.PolicyStatus\x12_\n\x10ListCapabilities\x12$.warden.v1.PolicyCapabilitiesRequest\x1a%.warden.v1.PolicyCapabilitiesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16warden/v1/policy.proto\x12\twarden.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18warden/v1/registry.proto\"A\n\x13PolicyStatusRequest\x12\x13\n\x0b\x61\x63tor_token\x18\x01 \x01(\t\x12\x15\n\rinclude_rules\x18\x14 \x01(\x08\"Y\n\x0ePolicyRevision\x12\x10\n\x08revision\x18\x01 \x01(\t\x12\r\n\x05\x66iles\x18\x02 \x03(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Z\n\rPolicyProblem\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\x0c\n\x04line\x18\x02 \x01(\r\x12\x0e\n\x06\x63olumn\x18\x03 \x01(\r\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\"\xa9\x02\n\x0cPolicyStatus\x12*\n\x07\x63urrent\x18\x01 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12\r\n\x05rules\x18\x02 \x01(\r\x12\x11\n\tdirectory\x18\x03 \x01(\t\x12\x10\n\x08watching\x18\x04 \x01(\x08\x12+\n\x08rejected\x18\x05 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12*\n\x08problems\x18\x06 \x03(\x0b\x32\x18.warden.v1.PolicyProblem\x12*\n\x08replicas\x18\x07 \x03(\x0b\x32\x18.warden.v1.ReplicaStatus\x12\x34\n\x0erules_in_force\x18\x14 \x03(\x0b\x32\x1c.warden.v1.PolicyRuleSummary\"\xd9\x01\n\x11PolicyRuleSummary\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\r\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x04 \x01(\t\x12\x0c\n\x04mode\x18\x05 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x06 \x03(\t\x12\x0c\n\x04when\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x14\n\x0cmessage_expr\x18\t \x01(\t\x12\x11\n\tapprovers\x18\n \x01(\t\x12\x0b\n\x03ttl\x18\x0b \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x0c \x01(\t\"\xfc\x01\n\rReplicaStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x11\n\tprocesses\x18\x03 \x01(\r\x12*\n\x07\x63urrent\x18\x04 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12+\n\x08rejected\x18\x05 \x01(\x0b\x32\x19.warden.v1.PolicyRevision\x12\x15\n\rregistrations\x18\x06 \x01(\r\x12\x0e\n\x06leader\x18\x07 \x01(\x08\x12+\n\x07seen_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tanswering\x18\t \x01(\x08\"0\n\x19PolicyCapabilitiesRequest\x12\x13\n\x0b\x61\x63tor_token\x18\x01 \x01(\t\"I\n\x1aPolicyCapabilitiesResponse\x12+\n\x0c\x63\x61pabilities\x18\x01 \x03(\x0b\x32\x15.warden.v1.Capability2\xb1\x01\n\x08Policies\x12\x44\n\tGetStatus\x12\x1e.warden.v1.PolicyStatusRequest\x1a\x17.warden.v1.PolicyStatus\x12_\n\x10ListCapabilities\x12$.warden.v1.PolicyCapabilitiesRequest\x1a%.warden.v1.PolicyCapabilitiesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,13 +40,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POLICYPROBLEM']._serialized_start=254
   _globals['_POLICYPROBLEM']._serialized_end=344
   _globals['_POLICYSTATUS']._serialized_start=347
-  _globals['_POLICYSTATUS']._serialized_end=600
-  _globals['_POLICYRULESUMMARY']._serialized_start=603
-  _globals['_POLICYRULESUMMARY']._serialized_end=820
-  _globals['_POLICYCAPABILITIESREQUEST']._serialized_start=822
-  _globals['_POLICYCAPABILITIESREQUEST']._serialized_end=870
-  _globals['_POLICYCAPABILITIESRESPONSE']._serialized_start=872
-  _globals['_POLICYCAPABILITIESRESPONSE']._serialized_end=945
-  _globals['_POLICIES']._serialized_start=948
-  _globals['_POLICIES']._serialized_end=1125
+  _globals['_POLICYSTATUS']._serialized_end=644
+  _globals['_POLICYRULESUMMARY']._serialized_start=647
+  _globals['_POLICYRULESUMMARY']._serialized_end=864
+  _globals['_REPLICASTATUS']._serialized_start=867
+  _globals['_REPLICASTATUS']._serialized_end=1119
+  _globals['_POLICYCAPABILITIESREQUEST']._serialized_start=1121
+  _globals['_POLICYCAPABILITIESREQUEST']._serialized_end=1169
+  _globals['_POLICYCAPABILITIESRESPONSE']._serialized_start=1171
+  _globals['_POLICYCAPABILITIESRESPONSE']._serialized_end=1244
+  _globals['_POLICIES']._serialized_start=1247
+  _globals['_POLICIES']._serialized_end=1424
 # @@protoc_insertion_point(module_scope)

@@ -123,6 +123,7 @@ class PolicyStatus(_message.Message):
     WATCHING_FIELD_NUMBER: _builtins.int
     REJECTED_FIELD_NUMBER: _builtins.int
     PROBLEMS_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
     RULES_IN_FORCE_FIELD_NUMBER: _builtins.int
     rules: _builtins.int
     directory: _builtins.str
@@ -142,6 +143,12 @@ class PolicyStatus(_message.Message):
     @_builtins.property
     def problems(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyProblem]: ...
     @_builtins.property
+    def replicas(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaStatus]:
+        """Every live replica on the plane's store (the processes of one
+        `warden serve`), as each last reported; a plane on SQLite is one.
+        """
+
+    @_builtins.property
     def rules_in_force(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyRuleSummary]:
         """The rules of the set in force, in load order; filled only when the
         request asks for them (include_rules).
@@ -156,11 +163,12 @@ class PolicyStatus(_message.Message):
         watching: _builtins.bool = ...,
         rejected: Global___PolicyRevision | None = ...,
         problems: _abc.Iterable[Global___PolicyProblem] | None = ...,
+        replicas: _abc.Iterable[Global___ReplicaStatus] | None = ...,
         rules_in_force: _abc.Iterable[Global___PolicyRuleSummary] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "rejected", b"rejected"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "directory", b"directory", "problems", b"problems", "rejected", b"rejected", "rules", b"rules", "rules_in_force", b"rules_in_force", "watching", b"watching"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "directory", b"directory", "problems", b"problems", "rejected", b"rejected", "replicas", b"replicas", "rules", b"rules", "rules_in_force", b"rules_in_force", "watching", b"watching"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -229,6 +237,64 @@ class PolicyRuleSummary(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PolicyRuleSummary: _TypeAlias = PolicyRuleSummary  # noqa: Y015
+
+@_typing.final
+class ReplicaStatus(_message.Message):
+    """What one replica serves, as it last reported."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    PROCESSES_FIELD_NUMBER: _builtins.int
+    CURRENT_FIELD_NUMBER: _builtins.int
+    REJECTED_FIELD_NUMBER: _builtins.int
+    REGISTRATIONS_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    SEEN_AT_FIELD_NUMBER: _builtins.int
+    ANSWERING_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """The replica's name: its host and a suffix chosen at start."""
+    host: _builtins.str
+    processes: _builtins.int
+    registrations: _builtins.int
+    """Capability versions it has read from the registry."""
+    leader: _builtins.bool
+    """Whether it runs approval expiry, retention and anchors for every replica."""
+    answering: _builtins.bool
+    """Whether it is the replica that answered this request."""
+    @_builtins.property
+    def current(self) -> Global___PolicyRevision:
+        """The policy revision in force there, and since when (files unset)."""
+
+    @_builtins.property
+    def rejected(self) -> Global___PolicyRevision:
+        """The newest change of its policy folder it refused, while that stands."""
+
+    @_builtins.property
+    def seen_at(self) -> _timestamp_pb2.Timestamp:
+        """When it last reported."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        host: _builtins.str = ...,
+        processes: _builtins.int = ...,
+        current: Global___PolicyRevision | None = ...,
+        rejected: Global___PolicyRevision | None = ...,
+        registrations: _builtins.int = ...,
+        leader: _builtins.bool = ...,
+        seen_at: _timestamp_pb2.Timestamp | None = ...,
+        answering: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "rejected", b"rejected", "seen_at", b"seen_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answering", b"answering", "current", b"current", "host", b"host", "id", b"id", "leader", b"leader", "processes", b"processes", "registrations", b"registrations", "rejected", b"rejected", "seen_at", b"seen_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaStatus: _TypeAlias = ReplicaStatus  # noqa: Y015
 
 @_typing.final
 class PolicyCapabilitiesRequest(_message.Message):

@@ -82,6 +82,8 @@ class Sweeper:
     def __init__(self, plane: Plane, interval: float) -> None:
         self._plane = plane
         self._interval = interval
+        self.sweeps = 0
+        """How many sweeps this plane ran: none unless it leads."""
         self._stopped = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name="warden-approval-sweeper", daemon=True
@@ -99,6 +101,7 @@ class Sweeper:
         while not self._stopped.wait(self._interval):
             try:
                 if self._plane.store.leads():  # once for every plane on the store
+                    self.sweeps += 1
                     expire_due(self._plane)
             except Exception:
                 # A failed sweep is retried at the next tick; expiry itself is

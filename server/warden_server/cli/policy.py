@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar
 
 import click
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from warden.shared.schema import InvalidSchemaError, compile_validator, validation_issues
 from warden.shared.tls import sync_channel
@@ -375,8 +376,9 @@ def _print_explanation(explanation: Explanation, actor: dict[str, Any]) -> None:
 @click.option("--rules", "with_rules", is_flag=True, help="List the rules in force too.")
 @click.option("--json", "as_json", is_flag=True, help="The status as one JSON object.")
 def policy_status(target: str, token: str | None, with_rules: bool, as_json: bool) -> None:
-    """Show the policy set a running plane enforces and the last refused
-    change; exit 1 while a refused change is pending."""
+    """Show the policy set a running plane enforces, the last refused change,
+    and what every live replica on its store serves; exit 1 while a refused
+    change is pending on any replica."""
     status = _remote(
         target,
         lambda stub: stub.GetStatus(
@@ -407,8 +409,37 @@ def policy_status(target: str, token: str | None, with_rules: bool, as_json: boo
             for p in data["problems"]:
                 where = f"{p['path']}: " if p["path"] else ""
                 click.echo(f"  {p['file']}:{p['line']}:{p['column']}: {where}{p['message']}")
-    if status.HasField("rejected"):
+        _echo_replicas(data["replicas"], current["revision"])
+    if status.HasField("rejected") or any(r.HasField("rejected") for r in status.replicas):
         raise SystemExit(1)
+
+
+def _echo_replicas(replicas: list[dict[str, Any]], revision: str) -> None:
+    """One line per live replica; those serving another revision or refusing
+    a change say so."""
+    lagging = sum(r["revision"] != revision for r in replicas)
+    refusing = sum(r["rejected"] is not None for r in replicas)
+    summary = [_plural(len(replicas), "replica") + " live"]
+    if lagging:
+        summary.append(f"{lagging} serving another revision")
+    if refusing:
+        summary.append(f"{refusing} refusing a change")
+    click.echo("replicas: " + ", ".join(summary))
+    for r in replicas:
+        notes = [
+            f"revision {r['revision'][:12]}"
+            + (" (another revision)" if r["revision"] != revision else ""),
+            f"loaded {r['loaded_at']}",
+            _plural(r["registrations"], "registration") + " seen",
+        ]
+        if r["rejected"] is not None:
+            refused = r["rejected"]["revision"][:12] or "(unreadable)"
+            notes.append(f"REFUSED {refused} at {r['rejected']['at']}")
+        if r["leader"]:
+            notes.append("leader")
+        if r["answering"]:
+            notes.append("answering")
+        click.echo(f"  {r['id']}: " + ", ".join(notes))
 
 
 @policy.command("capabilities")
@@ -555,11 +586,14 @@ def _print_rules(rules: list[dict[str, Any]]) -> None:
 
 
 def _status_json(status: policy_pb2.PolicyStatus, *, with_rules: bool) -> dict[str, Any]:
+    def when(stamp: Timestamp) -> str:
+        return stamp.ToDatetime().isoformat(timespec="seconds") + "Z"
+
     def revision(message: policy_pb2.PolicyRevision) -> dict[str, Any]:
         return {
             "revision": message.revision,
             "files": list(message.files),
-            "at": message.at.ToDatetime().isoformat(timespec="seconds") + "Z",
+            "at": when(message.at),
         }
 
     data: dict[str, Any] = {
@@ -567,6 +601,25 @@ def _status_json(status: policy_pb2.PolicyStatus, *, with_rules: bool) -> dict[s
         "rules": status.rules,
         "directory": status.directory,
         "watching": status.watching,
+        "replicas": [
+            {
+                "id": r.id,
+                "host": r.host,
+                "processes": r.processes,
+                "revision": r.current.revision,
+                "loaded_at": when(r.current.at),
+                "rejected": (
+                    {"revision": r.rejected.revision, "at": when(r.rejected.at)}
+                    if r.HasField("rejected")
+                    else None
+                ),
+                "registrations": r.registrations,
+                "leader": r.leader,
+                "seen_at": when(r.seen_at),
+                "answering": r.answering,
+            }
+            for r in status.replicas
+        ],
     }
     if status.HasField("rejected"):
         data["rejected"] = revision(status.rejected)

@@ -47,6 +47,7 @@ from warden_server.registry import (
     recorded_capability_id,
     schema_from_json,
 )
+from warden_server.store.records import ReplicaRecord
 
 SIDE_EFFECTS = {
     registry_pb2.SIDE_EFFECT_READ: "read",
@@ -272,7 +273,13 @@ def approval_event_to_proto(kind: str, view: ApprovalView) -> approvals_pb2.Appr
 
 
 def policy_status_to_proto(
-    status: PolicyStatus, directory: str, watching: bool, *, include_rules: bool = False
+    status: PolicyStatus,
+    directory: str,
+    watching: bool,
+    replicas: Iterable[ReplicaRecord] = (),
+    answering: str = "",
+    *,
+    include_rules: bool = False,
 ) -> policy_pb2.PolicyStatus:
     current = status.current
     message = policy_pb2.PolicyStatus(
@@ -293,6 +300,30 @@ def policy_status_to_proto(
         message.problems.extend(problem_to_proto(p) for p in rejected.problems)
     if include_rules:
         message.rules_in_force.extend(rule_summary_to_proto(r) for r in current.rules)
+    message.replicas.extend(replica_to_proto(r, answering) for r in replicas)
+    return message
+
+
+def replica_to_proto(record: ReplicaRecord, answering: str) -> policy_pb2.ReplicaStatus:
+    message = policy_pb2.ReplicaStatus(
+        id=record.replica_id,
+        host=record.host,
+        processes=record.processes,
+        current=policy_pb2.PolicyRevision(
+            revision=record.revision, at=timestamp(datetime.fromisoformat(record.loaded_at))
+        ),
+        registrations=record.registrations,
+        leader=record.leader,
+        seen_at=timestamp(datetime.fromisoformat(record.seen_at)),
+        answering=record.replica_id == answering,
+    )
+    if record.refused_at is not None:
+        message.rejected.CopyFrom(
+            policy_pb2.PolicyRevision(
+                revision=record.refused_revision or "",
+                at=timestamp(datetime.fromisoformat(record.refused_at)),
+            )
+        )
     return message
 
 

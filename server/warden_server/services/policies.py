@@ -7,6 +7,7 @@ import grpc
 from warden.v1 import policy_pb2, policy_pb2_grpc
 from warden_server.auth.roles import POLICY_READERS, require_any_role
 from warden_server.plane import Plane
+from warden_server.replicas import live_replicas
 from warden_server.services import convert
 from warden_server.services.status import rpc
 
@@ -23,11 +24,15 @@ class PoliciesServicer(policy_pb2_grpc.PoliciesServicer):
         self, request: policy_pb2.PolicyStatusRequest, context: grpc.ServicerContext
     ) -> policy_pb2.PolicyStatus:
         self._authorize(request.actor_token, "reading the policy status")
-        reloader = self._plane.reloader
+        plane = self._plane
+        reloader = plane.reloader
+        interval = plane.config.server.replica_report_seconds
         return convert.policy_status_to_proto(
-            self._plane.policies.status(),
+            plane.policies.status(),
             str(reloader.directory),
             reloader.watching,
+            live_replicas(plane.store, interval, plane.clock()),
+            plane.replica_id,
             include_rules=request.include_rules,
         )
 

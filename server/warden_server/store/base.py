@@ -17,6 +17,7 @@ from warden_server.store.records import (
     CapabilityRecord,
     IdempotencyRecord,
     InvocationRecord,
+    ReplicaRecord,
 )
 
 T = TypeVar("T")
@@ -131,8 +132,25 @@ class IdempotencyWrites(Protocol):
         ...
 
 
+class ReplicaWrites(Protocol):
+    def report_replica(self, record: ReplicaRecord, *, forget_before: str) -> None:
+        """Replace a replica's row with ``record``, and delete the rows of
+        replicas last seen before ``forget_before``."""
+        ...
+
+    def forget_replica(self, replica_id: str) -> None:
+        """Delete a replica's row (it stopped)."""
+        ...
+
+
 class WriteTransaction(
-    AuditWriter, RegistryWrites, InvocationWrites, ApprovalWrites, IdempotencyWrites, Protocol
+    AuditWriter,
+    RegistryWrites,
+    InvocationWrites,
+    ApprovalWrites,
+    IdempotencyWrites,
+    ReplicaWrites,
+    Protocol,
 ):
     """Writes that commit together. Audit events appended here are durable
     when ``Store.transact`` returns, and are undone if the work raises."""
@@ -234,7 +252,13 @@ class IdempotencyReads(Protocol):
         ...
 
 
-class Store(AuditQueries, RegistryReads, ApprovalReads, IdempotencyReads, Protocol):
+class ReplicaReads(Protocol):
+    def replicas(self, seen_since: str) -> list[ReplicaRecord]:
+        """The replicas that reported at ``seen_since`` or later, by host and id."""
+        ...
+
+
+class Store(AuditQueries, RegistryReads, ApprovalReads, IdempotencyReads, ReplicaReads, Protocol):
     """Everything the plane persists."""
 
     def transact(

@@ -13,6 +13,7 @@ import sqlite_utils
 
 from warden_server.store.base import StoreError
 from warden_server.store.notifications import create_tables
+from warden_server.store.replica_sql import create_table as create_replicas_table
 
 
 def _m001_initial(db: sqlite_utils.Database) -> None:
@@ -264,6 +265,11 @@ def _m008_notifications(db: sqlite_utils.Database) -> None:
     create_tables(db)
 
 
+def _m009_replicas(db: sqlite_utils.Database) -> None:
+    """What each replica of the plane serves (``warden_server/replicas.py``)."""
+    db.execute(create_replicas_table())
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_approvals,
@@ -273,6 +279,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m006_row_macs,
     _m007_outcome_reports,
     _m008_notifications,
+    _m009_replicas,
 ]
 
 ROW_MACS_SINCE = MIGRATIONS.index(_m006_row_macs) + 1

@@ -18,6 +18,7 @@ import psycopg
 from warden_server.records.chain import GENESIS
 from warden_server.records.events import COLUMNS
 from warden_server.store.base import StoreError
+from warden_server.store.replica_sql import create_table as create_replicas_table
 
 MIGRATION_LOCK: Final = 0x57415244454E4D47
 """The advisory lock held while migrating."""
@@ -97,7 +98,10 @@ def _initial() -> list[str]:
     ]
 
 
-MIGRATIONS: Final[list[list[str]]] = [_initial()]
+MIGRATIONS: Final[list[list[str]]] = [
+    _initial(),
+    [create_replicas_table(TEXT)],  # what each replica serves (warden_server/replicas.py)
+]
 """Each migration's statements; never edited once released."""
 
 

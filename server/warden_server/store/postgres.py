@@ -40,7 +40,7 @@ from warden_server.records.chain import GENESIS, record_hash
 from warden_server.records.checkpoint import Checkpoint
 from warden_server.records.events import COLUMNS, AuditEvent
 from warden_server.records.query import EVERYTHING, Page, PageRequest, RecordFilter, Scope
-from warden_server.store import audit_sql
+from warden_server.store import audit_sql, replica_sql
 from warden_server.store.base import StoreError, StoreObserver
 from warden_server.store.integrity import SEALED_TABLES, IntegrityKeyMissing, RowSeal, TamperedRow
 from warden_server.store.pg_schema import migrate
@@ -49,6 +49,7 @@ from warden_server.store.records import (
     CapabilityRecord,
     IdempotencyRecord,
     InvocationRecord,
+    ReplicaRecord,
 )
 from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
 
@@ -79,6 +80,7 @@ def _insert(table: str, names: Sequence[str]) -> str:
 _INSERT_INVOCATION = _insert("invocations", [f.name for f in fields(InvocationRecord)])
 _APPROVAL_COLUMNS = [*(f.name for f in fields(ApprovalRecord)), "mac"]
 _INSERT_APPROVAL = _insert("approvals", _APPROVAL_COLUMNS)
+_UPSERT_REPLICA = replica_sql.upsert("%({})s")
 _IDEMPOTENCY_COLUMNS = [*(f.name for f in fields(IdempotencyRecord)), "mac"]
 _KEY_COLUMNS = ("service", "capability_id", "actor_id", "key")
 _UPSERT_IDEMPOTENCY = _insert("idempotency_keys", _IDEMPOTENCY_COLUMNS) + (
@@ -230,6 +232,13 @@ class PostgresTransaction:
             (completed_at, outcome_seq, report_digest, invocation_id),
         )
         return cursor.rowcount == 1
+
+    def report_replica(self, record: ReplicaRecord, *, forget_before: str) -> None:
+        self._conn.execute("DELETE FROM replicas WHERE seen_at < %s", (forget_before,))
+        self._conn.execute(_UPSERT_REPLICA, replica_sql.row(record))
+
+    def forget_replica(self, replica_id: str) -> None:
+        self._conn.execute("DELETE FROM replicas WHERE replica_id = %s", (replica_id,))
 
     def insert_approval(self, record: ApprovalRecord) -> None:
         self._conn.execute(_INSERT_APPROVAL, self._sealed.sealed("approvals", row_values(record)))
@@ -651,6 +660,12 @@ class PostgresStore:
     def get_invocation(self, invocation_id: str) -> InvocationRecord | None:
         row = self._row("SELECT * FROM invocations WHERE invocation_id = %s", (invocation_id,))
         return InvocationRecord(**row) if row else None
+
+    def replicas(self, seen_since: str) -> list[ReplicaRecord]:
+        rows = self._rows(
+            "SELECT * FROM replicas WHERE seen_at >= %s ORDER BY host, replica_id", (seen_since,)
+        )
+        return [replica_sql.record(r) for r in rows]
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = self._row("SELECT * FROM approvals WHERE approval_id = %s", (approval_id,))

@@ -102,3 +102,26 @@ class IdempotencyRecord:
     executed_before_failure: bool | None = None
     sealed_output: bytes | None = None
     """The output, sealed (see ``sealing``): never stored in clear."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    """What one replica of the plane (the processes of one ``warden serve``)
+    reported it serves, the last time it reported."""
+
+    replica_id: str
+    host: str
+    processes: int
+    revision: str
+    """The policy revision in force."""
+    loaded_at: str
+    """When that revision was put in force."""
+    refused_revision: str | None
+    """The newest change of its policy folder that was refused, while it stands."""
+    refused_at: str | None
+    registrations: int
+    """How many capability versions it has read from the registry."""
+    leader: bool
+    """Whether it runs the periodic work done once for the cluster."""
+    started_at: str
+    seen_at: str

@@ -33,7 +33,7 @@ from warden_server.records.chain import GENESIS, record_hash
 from warden_server.records.checkpoint import Checkpoint
 from warden_server.records.events import COLUMNS, AuditEvent
 from warden_server.records.query import EVERYTHING, Page, PageRequest, RecordFilter, Scope
-from warden_server.store import audit_sql
+from warden_server.store import audit_sql, replica_sql
 from warden_server.store.base import StoreError, StoreObserver, StoreUnreadable
 from warden_server.store.integrity import SEALED_TABLES, RowSeal, TamperedRow
 from warden_server.store.migrations import ROW_MACS_SINCE, migrate
@@ -42,6 +42,7 @@ from warden_server.store.records import (
     CapabilityRecord,
     IdempotencyRecord,
     InvocationRecord,
+    ReplicaRecord,
 )
 from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
 
@@ -64,6 +65,7 @@ def _insert(table: str, record_type: type, *, sealed: bool = False) -> str:
 
 _INSERT_INVOCATION = _insert("invocations", InvocationRecord)
 _INSERT_APPROVAL = _insert("approvals", ApprovalRecord, sealed=True)
+_UPSERT_REPLICA = replica_sql.upsert(":{}")
 
 
 _STOP = object()
@@ -201,6 +203,13 @@ class SQLiteTransaction:
             (completed_at, outcome_seq, report_digest, invocation_id),
         )
         return bool(cursor.rowcount == 1)
+
+    def report_replica(self, record: ReplicaRecord, *, forget_before: str) -> None:
+        self._conn.execute("DELETE FROM replicas WHERE seen_at < ?", (forget_before,))
+        self._conn.execute(_UPSERT_REPLICA, replica_sql.row(record))
+
+    def forget_replica(self, replica_id: str) -> None:
+        self._conn.execute("DELETE FROM replicas WHERE replica_id = ?", (replica_id,))
 
     def insert_approval(self, record: ApprovalRecord) -> None:
         self._conn.execute(_INSERT_APPROVAL, self._sealed.sealed("approvals", row_values(record)))
@@ -636,6 +645,12 @@ class SQLiteStore:
             .fetchone()
         )
         return InvocationRecord(**dict(row)) if row else None
+
+    def replicas(self, seen_since: str) -> list[ReplicaRecord]:
+        rows = self._reader().execute(
+            "SELECT * FROM replicas WHERE seen_at >= ? ORDER BY host, replica_id", (seen_since,)
+        )
+        return [replica_sql.record(r) for r in rows]
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = (

@@ -19,7 +19,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file warden/v1/policy.proto.
  */
 export const file_warden_v1_policy: GenFile = /*@__PURE__*/
-  fileDesc("ChZ3YXJkZW4vdjEvcG9saWN5LnByb3RvEgl3YXJkZW4udjEiQQoTUG9saWN5U3RhdHVzUmVxdWVzdBITCgthY3Rvcl90b2tlbhgBIAEoCRIVCg1pbmNsdWRlX3J1bGVzGBQgASgIIlkKDlBvbGljeVJldmlzaW9uEhAKCHJldmlzaW9uGAEgASgJEg0KBWZpbGVzGAIgAygJEiYKAmF0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJaCg1Qb2xpY3lQcm9ibGVtEgwKBGZpbGUYASABKAkSDAoEbGluZRgCIAEoDRIOCgZjb2x1bW4YAyABKA0SDAoEcGF0aBgEIAEoCRIPCgdtZXNzYWdlGAUgASgJIv0BCgxQb2xpY3lTdGF0dXMSKgoHY3VycmVudBgBIAEoCzIZLndhcmRlbi52MS5Qb2xpY3lSZXZpc2lvbhINCgVydWxlcxgCIAEoDRIRCglkaXJlY3RvcnkYAyABKAkSEAoId2F0Y2hpbmcYBCABKAgSKwoIcmVqZWN0ZWQYBSABKAsyGS53YXJkZW4udjEuUG9saWN5UmV2aXNpb24SKgoIcHJvYmxlbXMYBiADKAsyGC53YXJkZW4udjEuUG9saWN5UHJvYmxlbRI0Cg5ydWxlc19pbl9mb3JjZRgUIAMoCzIcLndhcmRlbi52MS5Qb2xpY3lSdWxlU3VtbWFyeSLZAQoRUG9saWN5UnVsZVN1bW1hcnkSCgoCaWQYASABKAkSDAoEZmlsZRgCIAEoCRIMCgRsaW5lGAMgASgNEg4KBmVmZmVjdBgEIAEoCRIMCgRtb2RlGAUgASgJEhQKDGNhcGFiaWxpdGllcxgGIAMoCRIMCgR3aGVuGAcgASgJEg8KB21lc3NhZ2UYCCABKAkSFAoMbWVzc2FnZV9leHByGAkgASgJEhEKCWFwcHJvdmVycxgKIAEoCRILCgN0dGwYCyABKAkSEwoLZGVzY3JpcHRpb24YDCABKAkiMAoZUG9saWN5Q2FwYWJpbGl0aWVzUmVxdWVzdBITCgthY3Rvcl90b2tlbhgBIAEoCSJJChpQb2xpY3lDYXBhYmlsaXRpZXNSZXNwb25zZRIrCgxjYXBhYmlsaXRpZXMYASADKAsyFS53YXJkZW4udjEuQ2FwYWJpbGl0eTKxAQoIUG9saWNpZXMSRAoJR2V0U3RhdHVzEh4ud2FyZGVuLnYxLlBvbGljeVN0YXR1c1JlcXVlc3QaFy53YXJkZW4udjEuUG9saWN5U3RhdHVzEl8KEExpc3RDYXBhYmlsaXRpZXMSJC53YXJkZW4udjEuUG9saWN5Q2FwYWJpbGl0aWVzUmVxdWVzdBolLndhcmRlbi52MS5Qb2xpY3lDYXBhYmlsaXRpZXNSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_timestamp, file_warden_v1_registry]);
+  fileDesc("ChZ3YXJkZW4vdjEvcG9saWN5LnByb3RvEgl3YXJkZW4udjEiQQoTUG9saWN5U3RhdHVzUmVxdWVzdBITCgthY3Rvcl90b2tlbhgBIAEoCRIVCg1pbmNsdWRlX3J1bGVzGBQgASgIIlkKDlBvbGljeVJldmlzaW9uEhAKCHJldmlzaW9uGAEgASgJEg0KBWZpbGVzGAIgAygJEiYKAmF0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJaCg1Qb2xpY3lQcm9ibGVtEgwKBGZpbGUYASABKAkSDAoEbGluZRgCIAEoDRIOCgZjb2x1bW4YAyABKA0SDAoEcGF0aBgEIAEoCRIPCgdtZXNzYWdlGAUgASgJIqkCCgxQb2xpY3lTdGF0dXMSKgoHY3VycmVudBgBIAEoCzIZLndhcmRlbi52MS5Qb2xpY3lSZXZpc2lvbhINCgVydWxlcxgCIAEoDRIRCglkaXJlY3RvcnkYAyABKAkSEAoId2F0Y2hpbmcYBCABKAgSKwoIcmVqZWN0ZWQYBSABKAsyGS53YXJkZW4udjEuUG9saWN5UmV2aXNpb24SKgoIcHJvYmxlbXMYBiADKAsyGC53YXJkZW4udjEuUG9saWN5UHJvYmxlbRIqCghyZXBsaWNhcxgHIAMoCzIYLndhcmRlbi52MS5SZXBsaWNhU3RhdHVzEjQKDnJ1bGVzX2luX2ZvcmNlGBQgAygLMhwud2FyZGVuLnYxLlBvbGljeVJ1bGVTdW1tYXJ5ItkBChFQb2xpY3lSdWxlU3VtbWFyeRIKCgJpZBgBIAEoCRIMCgRmaWxlGAIgASgJEgwKBGxpbmUYAyABKA0SDgoGZWZmZWN0GAQgASgJEgwKBG1vZGUYBSABKAkSFAoMY2FwYWJpbGl0aWVzGAYgAygJEgwKBHdoZW4YByABKAkSDwoHbWVzc2FnZRgIIAEoCRIUCgxtZXNzYWdlX2V4cHIYCSABKAkSEQoJYXBwcm92ZXJzGAogASgJEgsKA3R0bBgLIAEoCRITCgtkZXNjcmlwdGlvbhgMIAEoCSL8AQoNUmVwbGljYVN0YXR1cxIKCgJpZBgBIAEoCRIMCgRob3N0GAIgASgJEhEKCXByb2Nlc3NlcxgDIAEoDRIqCgdjdXJyZW50GAQgASgLMhkud2FyZGVuLnYxLlBvbGljeVJldmlzaW9uEisKCHJlamVjdGVkGAUgASgLMhkud2FyZGVuLnYxLlBvbGljeVJldmlzaW9uEhUKDXJlZ2lzdHJhdGlvbnMYBiABKA0SDgoGbGVhZGVyGAcgASgIEisKB3NlZW5fYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWFuc3dlcmluZxgJIAEoCCIwChlQb2xpY3lDYXBhYmlsaXRpZXNSZXF1ZXN0EhMKC2FjdG9yX3Rva2VuGAEgASgJIkkKGlBvbGljeUNhcGFiaWxpdGllc1Jlc3BvbnNlEisKDGNhcGFiaWxpdGllcxgBIAMoCzIVLndhcmRlbi52MS5DYXBhYmlsaXR5MrEBCghQb2xpY2llcxJECglHZXRTdGF0dXMSHi53YXJkZW4udjEuUG9saWN5U3RhdHVzUmVxdWVzdBoXLndhcmRlbi52MS5Qb2xpY3lTdGF0dXMSXwoQTGlzdENhcGFiaWxpdGllcxIkLndhcmRlbi52MS5Qb2xpY3lDYXBhYmlsaXRpZXNSZXF1ZXN0GiUud2FyZGVuLnYxLlBvbGljeUNhcGFiaWxpdGllc1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_timestamp, file_warden_v1_registry]);
 
 /**
  * @generated from message warden.v1.PolicyStatusRequest
@@ -163,6 +163,14 @@ export type PolicyStatus = Message<"warden.v1.PolicyStatus"> & {
   problems: PolicyProblem[];
 
   /**
+   * Every live replica on the plane's store (the processes of one
+   * `warden serve`), as each last reported; a plane on SQLite is one.
+   *
+   * @generated from field: repeated warden.v1.ReplicaStatus replicas = 7;
+   */
+  replicas: ReplicaStatus[];
+
+  /**
    * The rules of the set in force, in load order; filled only when the
    * request asks for them (include_rules).
    *
@@ -269,6 +277,79 @@ export const PolicyRuleSummarySchema: GenMessage<PolicyRuleSummary> = /*@__PURE_
   messageDesc(file_warden_v1_policy, 4);
 
 /**
+ * What one replica serves, as it last reported.
+ *
+ * @generated from message warden.v1.ReplicaStatus
+ */
+export type ReplicaStatus = Message<"warden.v1.ReplicaStatus"> & {
+  /**
+   * The replica's name: its host and a suffix chosen at start.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string host = 2;
+   */
+  host: string;
+
+  /**
+   * @generated from field: uint32 processes = 3;
+   */
+  processes: number;
+
+  /**
+   * The policy revision in force there, and since when (files unset).
+   *
+   * @generated from field: warden.v1.PolicyRevision current = 4;
+   */
+  current?: PolicyRevision | undefined;
+
+  /**
+   * The newest change of its policy folder it refused, while that stands.
+   *
+   * @generated from field: warden.v1.PolicyRevision rejected = 5;
+   */
+  rejected?: PolicyRevision | undefined;
+
+  /**
+   * Capability versions it has read from the registry.
+   *
+   * @generated from field: uint32 registrations = 6;
+   */
+  registrations: number;
+
+  /**
+   * Whether it runs approval expiry, retention and anchors for every replica.
+   *
+   * @generated from field: bool leader = 7;
+   */
+  leader: boolean;
+
+  /**
+   * When it last reported.
+   *
+   * @generated from field: google.protobuf.Timestamp seen_at = 8;
+   */
+  seenAt?: Timestamp | undefined;
+
+  /**
+   * Whether it is the replica that answered this request.
+   *
+   * @generated from field: bool answering = 9;
+   */
+  answering: boolean;
+};
+
+/**
+ * Describes the message warden.v1.ReplicaStatus.
+ * Use `create(ReplicaStatusSchema)` to create a new message.
+ */
+export const ReplicaStatusSchema: GenMessage<ReplicaStatus> = /*@__PURE__*/
+  messageDesc(file_warden_v1_policy, 5);
+
+/**
  * @generated from message warden.v1.PolicyCapabilitiesRequest
  */
 export type PolicyCapabilitiesRequest = Message<"warden.v1.PolicyCapabilitiesRequest"> & {
@@ -283,7 +364,7 @@ export type PolicyCapabilitiesRequest = Message<"warden.v1.PolicyCapabilitiesReq
  * Use `create(PolicyCapabilitiesRequestSchema)` to create a new message.
  */
 export const PolicyCapabilitiesRequestSchema: GenMessage<PolicyCapabilitiesRequest> = /*@__PURE__*/
-  messageDesc(file_warden_v1_policy, 5);
+  messageDesc(file_warden_v1_policy, 6);
 
 /**
  * @generated from message warden.v1.PolicyCapabilitiesResponse
@@ -300,7 +381,7 @@ export type PolicyCapabilitiesResponse = Message<"warden.v1.PolicyCapabilitiesRe
  * Use `create(PolicyCapabilitiesResponseSchema)` to create a new message.
  */
 export const PolicyCapabilitiesResponseSchema: GenMessage<PolicyCapabilitiesResponse> = /*@__PURE__*/
-  messageDesc(file_warden_v1_policy, 6);
+  messageDesc(file_warden_v1_policy, 7);
 
 /**
  * @generated from service warden.v1.Policies
