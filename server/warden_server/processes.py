@@ -2,8 +2,10 @@
 
 CPython runs one thread of Python at a time, so one process serves from one
 core. The plane's first process binds the port with SO_REUSEPORT and starts
-the others (``python -m warden_server.processes``); each joins the port and
-the kernel spreads connections over them. Each has its own policy set, store
+the others; each joins the port and the kernel spreads connections over
+them. They are forked from a server process that has imported the plane once
+(multiprocessing's forkserver), so a joining process starts in a tenth of a
+second instead of importing everything anew. Each has its own policy set, store
 connections and threads; what they share lives in the store:
 
 - the audit chain is one: a batch is appended under the store's write lock
@@ -23,22 +25,26 @@ connections and threads; what they share lives in the store:
   its own on a loopback port only the first one reads).
 
 The first process hands the others its config and the keys it may have made
-at start on their standard input, never on a command line or in the
-environment; when it goes away, so do they (their standard input closes).
+at start through the forkserver's socket, never on a command line or in the
+environment; when it goes away, so do they (a pipe from it closes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
-import select
+import multiprocessing
 import signal
-import subprocess
 import sys
 import threading
 import time
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Final
 
 from warden_server.config import Config
@@ -56,17 +62,23 @@ class ProcessStartError(OSError):
     """A joining process did not come up; the message carries what it said."""
 
 
+_FORKSERVER = multiprocessing.get_context("forkserver")
+_FORKSERVER.set_forkserver_preload(["warden_server.app", "warden_server.plane"])
+
+
 class JoinedProcesses:
     """The processes that joined a plane's first one."""
 
-    def __init__(self, processes: list[subprocess.Popen[str]]) -> None:
-        self._processes = processes
+    def __init__(self) -> None:
+        self._processes: list[BaseProcess] = []
+        self._lifelines: list[Connection] = []
+        """Our ends of the pipes each process watches: they close when we exit."""
         self.metrics_ports: tuple[int, ...] = ()
         """Where each serves its ``/metrics`` on loopback, when the plane serves metrics."""
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._processes]
+        return [p.pid for p in self._processes if p.pid is not None]
 
     @classmethod
     def start(
@@ -86,80 +98,105 @@ class JoinedProcesses:
                 "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             }
         )
-        started = cls([])
+        started = cls()
+        readiness: list[Connection] = []
         try:
             for _ in range(count):
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "warden_server.processes"],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    text=True,
+                ready, ready_child = _FORKSERVER.Pipe(duplex=False)
+                lifeline_child, lifeline = _FORKSERVER.Pipe(duplex=False)
+                process = _FORKSERVER.Process(
+                    target=_join,
+                    args=(spec, ready_child, lifeline_child),
+                    name="warden-joined",
+                    daemon=False,
                 )
+                with _main_module_aside():
+                    process.start()
+                ready_child.close()
+                lifeline_child.close()
                 started._processes.append(process)
-                assert process.stdin is not None
-                process.stdin.write(spec + "\n")
-                process.stdin.flush()
-            ports = [_await_ready(process) for process in started._processes]
+                started._lifelines.append(lifeline)
+                readiness.append(ready)
+            ports = [_await_ready(p, r) for p, r in zip(started._processes, readiness, strict=True)]
             started.metrics_ports = tuple(p for p in ports if p is not None)
         except BaseException:
             started.stop(grace=0)
             raise
+        finally:
+            for ready in readiness:
+                ready.close()
         return started
 
     def stop(self, grace: float | None = 2.0) -> None:
         """Stop every process, letting in-flight calls finish within ``grace``."""
         for process in self._processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
+            if process.is_alive():
+                process.terminate()  # SIGTERM: the process drains, then exits
         deadline = time.monotonic() + (grace or 0) + 10
         for process in self._processes:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            process.join(timeout=max(0.1, deadline - time.monotonic()))
+            if process.is_alive():
                 process.kill()
-                process.wait()
-            for stream in (process.stdin, process.stdout):
-                if stream is not None:
-                    stream.close()
-        self._processes = []
+                process.join()
+            process.close()
+        for lifeline in self._lifelines:
+            lifeline.close()
+        self._processes, self._lifelines = [], []
 
 
-def _await_ready(process: subprocess.Popen[str]) -> int | None:
+@contextmanager
+def _main_module_aside() -> Iterator[None]:
+    """Start a process without it re-running the starter's ``__main__``, as
+    multiprocessing otherwise does: a joining process needs nothing from the
+    program that embeds the plane, and a script without an
+    ``if __name__ == "__main__"`` guard would start itself again."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def _await_ready(process: BaseProcess, ready: Connection) -> int | None:
     """The process's ``/metrics`` port (None when it serves none), once it serves."""
-    assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], START_TIMEOUT_S)
-    line = process.stdout.readline().strip() if ready else ""
-    word, _, port = line.partition(" ")
-    if word == READY:
-        return int(port) if port else None
-    if not ready:
+    if not ready.poll(START_TIMEOUT_S):
         raise ProcessStartError(f"a joining process did not start in {START_TIMEOUT_S:.0f} s")
-    code = process.poll()
-    said = line.removeprefix("failed: ") or f"it exited with status {code}"
+    try:
+        word, said = ready.recv()
+    except EOFError:
+        process.join(timeout=1)
+        raise ProcessStartError(
+            f"a joining process did not start: it exited with status {process.exitcode}"
+        ) from None
+    if word == READY:
+        return int(said) if said else None
     raise ProcessStartError(f"a joining process did not start: {said}")
 
 
-def main() -> None:
-    """A process joining a plane: read the spec from stdin, serve until told to stop."""
+def _join(spec_text: str, ready: Connection, lifeline: Connection) -> None:
+    """A process joining a plane: serve until told to stop, or until the
+    first process is gone."""
     from warden_server.app import serve
     from warden_server.plane import Plane, ProcessSecrets
     from warden_server.telemetry.logs import configure_logging
 
-    spec = json.loads(sys.stdin.readline())
+    spec = json.loads(spec_text)
     config = Config.model_validate(spec["config"])
     configure_logging(spec["log_level"], config.telemetry.log_format)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C reaches the first process
     try:
         plane = Plane.from_config(config, joined=True, secrets=ProcessSecrets(**spec["secrets"]))
         server = serve(plane, spec["listen"])
     except Exception as exc:
-        print(f"failed: {exc}", flush=True)
+        ready.send(("failed", str(exc)))
         sys.exit(1)
     try:
-        print(f"{READY} {server.metrics_port or ''}".strip(), flush=True)
-    except BrokenPipeError:  # the first process went away while this one started
+        ready.send((READY, str(server.metrics_port or "")))
+    except OSError:  # the first process went away while this one started
         server.stop(grace=0)
         return
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nobody reads the pipe from now on
+    ready.close()
     stopping = threading.Event()
 
     def stop(*_: object) -> None:
@@ -168,15 +205,11 @@ def main() -> None:
             threading.Thread(target=server.stop, name="warden-stop").start()
 
     signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C reaches the first process
 
     def orphaned() -> None:
-        sys.stdin.read()  # returns when the first process is gone
+        with contextlib.suppress(EOFError, OSError):
+            lifeline.recv()  # nothing is ever sent: this returns when the first process is gone
         stop()
 
     threading.Thread(target=orphaned, name="warden-parent-watch", daemon=True).start()
     server.wait()
-
-
-if __name__ == "__main__":
-    main()
