@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from warden_server.policy.engine import LimitCall
+from warden_server.errors import NotFound
+from warden_server.policy.engine import CompiledLimit, LimitCall, PolicySet
 from warden_server.store import LimitHold, LimitUsage
-from warden_server.store.base import LimitWrites
+from warden_server.store.base import LimitReads, LimitWrites
 
 CONCURRENCY_BACKOFF_MS: Final = 1_000
 """How long a call refused by a concurrency cap is told to wait: a slot
@@ -156,19 +157,104 @@ def window_end(seconds: float, window: str, now: float) -> float:
     return (math.floor(now / seconds) + 1) * seconds
 
 
-def status(call_kind: str, capacity: float, period: float, usage: LimitUsage, now: float) -> float:
-    """How much of a limit a key uses now: calls in the bucket (rate), cost
-    spent (budget) or calls running (concurrency)."""
-    if call_kind == "rate":
-        if usage.bucket is None or period <= 0:
-            return 0.0
-        return min(capacity, max(0.0, usage.bucket - now) / period)
-    return sum(hold.amount for hold in usage.holds)
-
-
 def epoch(moment: datetime) -> float:
     return moment.astimezone(UTC).timestamp()
 
 
 def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyUsage:
+    key: str
+    used: float
+    next_release_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LimitStatus:
+    """One limit in force and the usage of its keys (``warden limits status``)."""
+
+    limit_id: str
+    kind: str
+    mode: str
+    capacity: float
+    period_seconds: float
+    file: str
+    line: int
+    keys: tuple[KeyUsage, ...]
+
+
+class UnknownLimit(NotFound):
+    """No limit of the policy set in force has this id."""
+
+
+def usage_report(
+    policies: PolicySet, store: LimitReads, now: float, limit_id: str = "", key: str | None = None
+) -> list[LimitStatus]:
+    """The usage of every limit in force (or of ``limit_id``), per key (or of ``key``).
+
+    Raises:
+        UnknownLimit: ``limit_id`` names no limit in force.
+    """
+    chosen = list(policies.limits)
+    if limit_id:
+        found = policies.limit(limit_id)
+        if found is None:
+            known = ", ".join(sorted(limit.id for limit in policies.limits)) or "none"
+            raise UnknownLimit(f"no limit {limit_id!r} in force (limits: {known})")
+        chosen = [found]
+    report = []
+    for limit in chosen:
+        keys = []
+        for usage in store.limit_usages(limit.id, key, now):
+            used = used_of(limit, usage, now)
+            if used <= 0 and key is None:
+                continue
+            keys.append(KeyUsage(usage.limit_key, used, _next_release_ms(limit, usage, now)))
+        report.append(
+            LimitStatus(
+                limit_id=limit.id,
+                kind=limit.kind,
+                mode=limit.limit.mode,
+                capacity=limit.capacity,
+                period_seconds=limit.period_seconds,
+                file=limit.file,
+                line=limit.line,
+                keys=tuple(keys),
+            )
+        )
+    return report
+
+
+def used_of(limit: CompiledLimit, usage: LimitUsage, now: float) -> float:
+    """How much of a limit a key uses now: tokens spent (rate), cost spent
+    in the window (budget) or calls running (concurrency)."""
+    if limit.kind == "rate":
+        if usage.bucket is None:
+            return 0.0
+        return min(limit.capacity, max(0.0, usage.bucket - now) / limit.period_seconds)
+    return sum(hold.amount for hold in usage.holds)
+
+
+def _next_release_ms(limit: CompiledLimit, usage: LimitUsage, now: float) -> int:
+    if limit.kind == "rate":
+        if usage.bucket is None or usage.bucket <= now:
+            return 0
+        spent = (usage.bucket - now) / limit.period_seconds
+        return _ms((spent - math.floor(spent - _SLACK)) * limit.period_seconds)
+    return _ms(usage.holds[0].until - now) if usage.holds else 0
+
+
+def usage_gauges(
+    policies: PolicySet, store: LimitReads, now: float
+) -> list[tuple[str, float, int]]:
+    """For ``/metrics``: each limit in force, the share of it its busiest key
+    uses, and how many keys use it (of the first hundred)."""
+    gauges = []
+    for status in usage_report(policies, store, now):
+        fullest = max((k.used for k in status.keys), default=0.0)
+        ratio = fullest / status.capacity if status.capacity else 0.0
+        gauges.append((status.limit_id, min(1.0, ratio), len(status.keys)))
+    return gauges

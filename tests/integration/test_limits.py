@@ -14,12 +14,14 @@ from typing import Any
 
 import grpc
 import pytest
+from click.testing import CliRunner, Result
 from pydantic import BaseModel
 
 import warden
 from tests.conftest import ORDERS_TOKEN, Plant
 from warden.v1 import governor_pb2, governor_pb2_grpc
 from warden_server.audit.reader import verify
+from warden_server.cli import main
 
 POLICIES = """
 rules:
@@ -324,3 +326,65 @@ def test_audit_mode_limits_record_what_they_would_have_limited(
     assert "limited" not in first
     assert second["limited"][0]["id"] == "pings-rollout"
     assert second["limited"][0]["mode"] == "audit"
+
+
+def _status(plant: Plant, *args: str, roles: tuple[str, ...] = ("auditor:all",)) -> Result:
+    token = plant.token("aud", roles=roles, tenant="acme")
+    return CliRunner().invoke(
+        main, ["limits", "status", "--target", plant.target, "--token", token, *args]
+    )
+
+
+def test_limits_status_shows_each_keys_usage_through_the_audit_api(
+    limited: Plant, service: Service
+) -> None:
+    rt = service.runtime(limited.target)
+    try:
+        for tenant, amount in (("acme", 730), ("acme", 100), ("globex", 50)):
+            token = limited.token("bot-7", tenant=tenant)
+            assert rt.invoke("orders.refund", {"amount": amount}, actor=token).status == "succeeded"
+    finally:
+        rt.close()
+    limited.await_outcome_reports()
+    every = _status(limited, "--limit", "refund-budget-per-tenant", "--json")
+    assert every.exit_code == 0, every.output
+    (line,) = every.output.splitlines()
+    status = json.loads(line)
+    assert (status["kind"], status["capacity"], status["mode"]) == ("budget", 5000, "enforce")
+    assert [(k["key"], k["used"]) for k in status["keys"]] == [("acme", 830), ("globex", 50)]
+    assert all(k["next_release_ms"] > 0 for k in status["keys"])
+    one = _status(limited, "--key", "globex")
+    assert one.exit_code == 0, one.output
+    assert "refund-budget-per-tenant: budget 5000 per 86400s" in one.output
+    assert "  globex: 50 of 5000, next release in" in one.output
+    assert "acme" not in one.output
+    reads = limited.events(kind="access", status="allowed")
+    assert [r["reason"] for r in reads] == ["audit.limits"] * 2
+    assert json.loads(reads[1]["input"]) == {"key": "globex"}
+
+
+def test_limits_status_needs_an_auditor_of_every_tenant(limited: Plant) -> None:
+    refused = _status(limited, roles=("auditor",))
+    assert refused.exit_code == 1
+    assert "PERMISSION_DENIED" in refused.output and "auditor:all" in refused.output
+    unknown = _status(limited, "--limit", "nope")
+    assert unknown.exit_code == 1
+    assert "no limit 'nope' in force" in unknown.output
+
+
+@pytest.mark.single_process
+def test_metrics_count_refusals_and_usage_per_limit_id_never_per_key(
+    limited: Plant, service: Service
+) -> None:
+    rt = service.runtime(limited.target)
+    token = limited.token("bot-7", tenant="acme")
+    try:
+        answers = [rt.invoke("orders.refund", {"amount": 2000}, actor=token) for _ in range(3)]
+    finally:
+        rt.close()
+    assert [a.status for a in answers] == ["succeeded", "succeeded", "failed"]
+    exposition = limited.server.plane.telemetry.metrics.exposition().decode()
+    assert 'warden_limit_refusals_total{limit="refund-budget-per-tenant"} 1.0' in exposition
+    assert 'warden_limit_usage_ratio{limit="refund-budget-per-tenant"} 0.8' in exposition
+    assert 'warden_limit_keys_in_use{limit="refund-budget-per-tenant"} 1.0' in exposition
+    assert "acme" not in exposition
