@@ -157,6 +157,24 @@ def window_end(seconds: float, window: str, now: float) -> float:
     return (math.floor(now / seconds) + 1) * seconds
 
 
+def prior_usage(limit: CompiledLimit, used: float, now: float) -> LimitUsage:
+    """A key's state after ``used`` of a limit was spent just before ``now``
+    (what a policy test case's ``usage`` sets)."""
+    if limit.kind == "rate":
+        return LimitUsage(limit.id, "", now + used * limit.period_seconds if used else None)
+    if not used:
+        return LimitUsage(limit.id, "", None)
+    until = now + (limit.period_seconds or 3600.0)
+    if limit.kind == "budget":
+        holds = (LimitHold(limit.id, "", "prior", "budget", used, now, until),)
+    else:
+        holds = tuple(
+            LimitHold(limit.id, "", f"prior-{n}", "concurrency", 1.0, now, until)
+            for n in range(math.ceil(used))
+        )
+    return LimitUsage(limit.id, "", None, holds)
+
+
 def epoch(moment: datetime) -> float:
     return moment.astimezone(UTC).timestamp()
 

@@ -43,7 +43,9 @@ def test_semantics_suite_passes_and_an_erroring_rule_is_not_covered() -> None:
 def test_example_policies_pass_with_full_coverage() -> None:
     result = warden("policy", "test", str(EXAMPLES), "--min-coverage", "100")
     assert result.exit_code == 0, result.output
-    assert "0 failed; coverage 100% (rules 7/7, condition outcomes 24/24)" in result.output
+    assert (
+        "0 failed; coverage 100% (rules 7/7, limits 2/2, condition outcomes 24/24)" in result.output
+    )
 
 
 def test_default_effect_applies_when_no_rule_matches() -> None:

@@ -317,6 +317,9 @@ class Expectation(_Strict):
     """The public message."""
     would_have: Outcome | None = None
     """The decision had the audit-mode rules been enforced."""
+    limit: str | None = None
+    """The limit that refuses the call (RATE_LIMITED, or POLICY_DENIED for a
+    cost above the whole budget), given the case's ``usage``."""
 
 
 class PolicyTest(_Strict):
@@ -333,6 +336,9 @@ class PolicyTest(_Strict):
     """Caller-supplied attributes (``context``); ``surface`` defaults to direct."""
     now: str | None = None
     """An RFC 3339 timestamp; the test run's start when absent."""
+    usage: dict[str, Annotated[float, Field(ge=0)]] = {}
+    """Prior usage of limits by this call's key, by limit id: tokens spent
+    (rate), cost spent in the window (budget) or calls running (concurrency)."""
     expect: Expectation
 
     @field_validator("now", mode="before")
