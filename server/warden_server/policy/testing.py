@@ -446,6 +446,8 @@ def failing_tests(policies: PolicySet, directory: str | Path) -> list[Problem]:
     for case in report.failed:
         file, _, line = case.file.rpartition(":")
         shown = {k: case.actual.get(k) for k in case.expected}
+        if "limit" in case.actual:  # a refusal the case did not expect
+            shown["limit"] = case.actual["limit"]
         why = "; ".join(f"rule {rule!r}: {error}" for rule, error in case.errors)
         problems.append(
             Problem(
