@@ -166,13 +166,16 @@ def prior_usage(limit: CompiledLimit, used: float, now: float) -> LimitUsage:
         return LimitUsage(limit.id, "", None)
     until = now + (limit.period_seconds or 3600.0)
     if limit.kind == "budget":
-        holds = (LimitHold(limit.id, "", "prior", "budget", used, now, until),)
-    else:
-        holds = tuple(
-            LimitHold(limit.id, "", f"prior-{n}", "concurrency", 1.0, now, until)
-            for n in range(math.ceil(used))
+        return LimitUsage(
+            limit.id, "", None, (LimitHold(limit.id, "", "prior", "budget", used, now, until),)
         )
-    return LimitUsage(limit.id, "", None, holds)
+    running = range(math.ceil(used))
+    return LimitUsage(
+        limit.id,
+        "",
+        None,
+        tuple(LimitHold(limit.id, "", f"p{n}", "concurrency", 1.0, now, until) for n in running),
+    )
 
 
 def epoch(moment: datetime) -> float:
