@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import grpc
 import pytest
@@ -52,6 +52,10 @@ limits:
     key: actor.tenant
     concurrency: 2
     message: Two exports are running already; wait for one to finish.
+  - id: one-card-at-a-time
+    capabilities: ["orders.charge"]
+    key: input.card
+    concurrency: 1
   - id: pings-rollout
     capabilities: ["orders.ping"]
     key: actor.id
@@ -68,6 +72,10 @@ class Ping(BaseModel):
 class Refund(BaseModel):
     amount: int
     note: str = ""
+
+
+class Charge(BaseModel):
+    card: Annotated[str, warden.Sensitive]
 
 
 class Done(BaseModel):
@@ -103,6 +111,10 @@ class Service:
         def refund(inp: Refund, ctx: warden.Context) -> Done:
             with self.lock:
                 self.refunds += 1
+            return Done()
+
+        @rt.capability("orders.charge", input=Charge, output=Done, side_effect="write")
+        def charge(inp: Charge, ctx: warden.Context) -> Done:
             return Done()
 
         @rt.capability("orders.export", input=Ping, output=Done, side_effect="write")
@@ -284,14 +296,17 @@ def test_a_concurrency_cap_holds_with_long_handlers_and_frees_at_outcome(
     assert row["reason"] == "limited-by:exports-in-flight"
 
 
-def _begin(plant: Plant, token: str) -> str:
+def _begin(
+    plant: Plant, token: str, capability_id: str = "orders.export", input_json: str = '{"n": 1}'
+) -> str:
+    """Begin a call and never report its outcome."""
     with grpc.insecure_channel(plant.target) as channel:
         response = governor_pb2_grpc.GovernorStub(channel).Begin(
             governor_pb2.BeginRequest(
                 invocation_id=str(uuid.uuid4()),
-                capability_id="orders.export",
+                capability_id=capability_id,
                 actor_token=token,
-                input_json='{"n": 1}',
+                input_json=input_json,
             ),
             metadata=(("x-warden-service-token", ORDERS_TOKEN),),
             timeout=10,
@@ -388,3 +403,21 @@ def test_metrics_count_refusals_and_usage_per_limit_id_never_per_key(
     assert 'warden_limit_usage_ratio{limit="refund-budget-per-tenant"} 0.8' in exposition
     assert 'warden_limit_keys_in_use{limit="refund-budget-per-tenant"} 1.0' in exposition
     assert "acme" not in exposition
+
+
+def test_si5_a_limit_keyed_by_a_sensitive_field_keeps_it_out_of_the_store(
+    limited: Plant, service: Service
+) -> None:
+    card = '{"card": "4111222233334444"}'
+    assert _begin(limited, limited.token(), "orders.charge", card) == "grant"
+    # The same card again: counted under the same (stored) key.
+    assert _begin(limited, limited.token(), "orders.charge", card) == "failure"
+    (row,) = limited.events(kind="decision", status="granted")
+    (counted,) = json.loads(row["rules"])["limits"]["counted"]
+    assert (counted["id"], counted["key"]) == ("one-card-at-a-time", "[REDACTED]")
+    everything = [
+        limited.rows(f"SELECT * FROM {table}")
+        for table in ("audit_events", "limit_holds", "limit_buckets")
+    ]
+    assert len(everything[1]) == 1
+    assert "4111222233334444" not in json.dumps(everything)

@@ -362,8 +362,8 @@ def _rules_json(ctx: BeginContext) -> str | None:
             results.extend(decision.rules_json())
     deciding = ctx.decision.rule_id if ctx.decision else None
     hiding = ctx.visibility.rule_id if ctx.visibility else None
-    counted = ctx.limits
-    if not results and not deciding and not hiding and counted is None:
+    limits = _limits_json(ctx)
+    if not results and not deciding and not hiding and limits is None:
         return None
     errors = ("error", "message_error")
     if ctx.capability is not None and any(key in r for r in results for key in errors):
@@ -374,30 +374,40 @@ def _rules_json(ctx: BeginContext) -> str | None:
                 if key in result:
                     result[key] = scrub_text(result[key], secrets)
     recorded: dict[str, Any] = {"decided_by": hiding or deciding, "evaluated": results}
-    if counted is not None and (counted.calls or counted.errors or counted.skipped):
-        # A key or an error may quote sensitive input (SI-5).
-        secrets = (
-            sensitive_texts(ctx.input, ctx.capability.definition.input_schema)
-            if ctx.capability is not None
-            else frozenset()
-        )
-        recorded["limits"] = {
-            "counted": [
-                {"id": c.limit.id, "key": scrub_text(c.key, secrets), "cost": c.cost}
-                for c in counted.calls
-            ],
-            "skipped": list(counted.skipped),
-            "errors": [
-                {"id": limit_id, "error": scrub_text(error, secrets)}
-                for limit_id, error in counted.errors
-            ],
-        }
-        if ctx.limited:
-            recorded["limits"]["limited"] = ctx.limited
+    if limits is not None:
+        recorded["limits"] = limits
     shadow = would_have(ctx.visibility, ctx.decision) if ctx.visibility else None
     if shadow is not None:
         recorded["would_have"] = shadow.outcome_json()
     return compact_json(recorded)
+
+
+def _limits_json(ctx: BeginContext) -> dict[str, Any] | None:
+    """What the call counted against each limit, and which limit refused it
+    (or would have, in audit mode); None when no limit matched the call."""
+    counted = ctx.limits
+    if counted is None or not (counted.calls or counted.errors or counted.skipped):
+        return None
+    # A key or an error may quote sensitive input (SI-5).
+    secrets = (
+        sensitive_texts(ctx.input, ctx.capability.definition.input_schema)
+        if ctx.capability is not None
+        else frozenset()
+    )
+    recorded: dict[str, Any] = {
+        "counted": [
+            {"id": c.limit.id, "key": scrub_text(c.key, secrets), "cost": c.cost}
+            for c in counted.calls
+        ],
+        "skipped": list(counted.skipped),
+        "errors": [
+            {"id": limit_id, "error": scrub_text(error, secrets)}
+            for limit_id, error in counted.errors
+        ],
+    }
+    if ctx.limited:
+        recorded["limited"] = ctx.limited
+    return recorded
 
 
 def _redacted_input(plane: Plane, ctx: BeginContext) -> str | None:

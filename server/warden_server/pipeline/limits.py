@@ -10,11 +10,14 @@ racing for the last token, one wins.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from warden.shared.redaction import sensitive_texts
 from warden_server.limits import Refusal, epoch, judge, strongest
 from warden_server.pipeline.context import BeginContext
 from warden_server.pipeline.failure import Failure, fail
+from warden_server.policy.engine import LimitsOutcome
 
 if TYPE_CHECKING:
     from warden_server.plane import Plane
@@ -25,7 +28,7 @@ def limits(plane: Plane, ctx: BeginContext) -> Failure | None:
     if not ctx.policies.limits:
         return None
     activation = ctx.policies.activation({"input": ctx.input}, ctx.base_activation())
-    counted = ctx.policies.count(ctx.capability.id, activation)
+    counted = _stored_keys(plane, ctx, ctx.policies.count(ctx.capability.id, activation))
     ctx.limits = counted
     broken = [
         limit_id
@@ -49,6 +52,22 @@ def limits(plane: Plane, ctx: BeginContext) -> Failure | None:
     refusal = strongest(refusals)
     ctx.limited = [refusal.to_json()]
     return limited(refusal)
+
+
+def _stored_keys(plane: Plane, ctx: BeginContext, counted: LimitsOutcome) -> LimitsOutcome:
+    """Keys as the store may keep them: a key that is a sensitive input value
+    is counted by its stored form (``[redaction]``), never in clear (SI-5)."""
+    assert ctx.capability is not None
+    if not counted.calls or not ctx.capability.sensitive_input:
+        return counted
+    secrets = sensitive_texts(ctx.input, ctx.capability.definition.input_schema)
+    calls = tuple(
+        replace(call, key=str(plane.redaction.replacement(call.key)))
+        if call.key in secrets
+        else call
+        for call in counted.calls
+    )
+    return replace(counted, calls=calls)
 
 
 def limited(refusal: Refusal) -> Failure:
