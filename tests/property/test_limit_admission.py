@@ -3,8 +3,9 @@
 A limit of any kind and size, and a crowd of concurrent callers spread over
 two planes on one store file (as the processes of a plane are), each asking
 for its cost at moments that may run backwards between callers: what is
-admitted never exceeds the limit, every refusal says when to retry, and a
-refused budget call would not have fit even after everyone else was served.
+admitted never exceeds the limit, every refusal says when to retry, a
+refused budget call would not have fit even after everyone else was served,
+and callers at one moment get exactly as many calls as the limit allows.
 """
 
 from __future__ import annotations
@@ -91,12 +92,15 @@ def test_no_limit_admits_more_than_it_allows(
         for plane in planes:
             plane.close()
     assert sum(admitted) <= size
-    if kind != "budget":
-        # Callers within half a second of an hourly rate: no token comes back.
+    if kind == "concurrency" or (kind == "rate" and len({skew for _, skew in calls}) == 1):
+        # Nor fewer: within half a second of an hourly rate no token comes back.
+        # (A caller whose clock runs behind one already served may wait the
+        # difference: under-admission by the skew, never over-admission.)
         assert len(admitted) == min(len(calls), size)
     for amount, retry_after_ms, never in refused:
         if never:
             assert amount > size
         else:
             assert retry_after_ms > 0
-            assert sum(admitted) + amount > size
+            if kind != "rate":  # a rate may also refuse by the skew (see above)
+                assert sum(admitted) + amount > size
