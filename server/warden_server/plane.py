@@ -16,6 +16,7 @@ from warden_server.auth.actors import ActorVerifier
 from warden_server.auth.services import ServiceAuthenticator
 from warden_server.config import Config
 from warden_server.grants import GrantSigner, default_key_path
+from warden_server.limits import epoch, usage_gauges
 from warden_server.policy.engine import PolicySet
 from warden_server.policy.loader import Problem
 from warden_server.registry import Registry
@@ -184,6 +185,9 @@ class Plane:
             registry = Registry(store, config.limits)
             telemetry.metrics.declared_codes = registry.declared_codes
             policies = PolicyHolder(load_at_start(config, store, registry, joining=joined))
+            telemetry.metrics.limit_usage = lambda: usage_gauges(
+                policies.current(), store, epoch(clock())
+            )
         except BaseException:
             store.close()
             telemetry.close()

@@ -183,3 +183,25 @@ def test_si5_adapters_strip_model_hidden_fields(
     # The handler did return the field: the plane recorded it (it is not sensitive).
     outputs = [r["output"] for r in lab_plant.rows() if r["kind"] == "outcome"]
     assert outputs and all("ledger-3-internal" in o for o in outputs)
+
+
+def test_a_limited_call_reaches_the_model_as_its_public_face_alone(
+    adapter_rt: warden.Runtime, lab_plant: Plant
+) -> None:
+    acme, globex = lab_plant.token(tenant="acme"), lab_plant.token(tenant="globex")
+    arguments = {"n": 1, "note": "limited"}
+    calls = [("orders.echo", arguments, globex), ("orders.echo", arguments, acme)] * 2
+    answers = through_both_adapters(adapter_rt, calls)
+    # The first call of each tenant spends its token (function calling goes first).
+    first, _, globex_again, acme_again = answers["openai"]
+    assert json.loads(first) == {"n": 1, "note": "limited"}
+    faces = [json.loads(c) for c in (globex_again, acme_again)]
+    faces += [json.loads(line)["result"]["structuredContent"] for line in answers["mcp"]]
+    for face in faces:
+        assert set(face) == {"code", "message", "retryable", "details"}
+        assert face["code"] == "RATE_LIMITED"
+        assert face["message"] == "One limited note an hour; wait and try again."
+        assert face["retryable"] is True
+        assert set(face["details"]) == {"retry_after_ms"}
+    for text in [*answers["openai"], *answers["mcp"]]:
+        assert "globex" not in text and "acme" not in text

@@ -24,6 +24,9 @@ from warden_server.audit.checkpoint import CheckpointSigner
 from warden_server.audit.reader import AuditFilter, query, stats, verify
 from warden_server.audit.retention import prune
 from warden_server.errors import Conflict
+from warden_server.limits import admit, give_back
+from warden_server.policy.engine import CompiledLimit, LimitCall
+from warden_server.policy.loader import PolicySource, compile_policies
 from warden_server.records.events import AuditEvent
 from warden_server.records.query import PageRequest, RecordFilter
 from warden_server.store import (
@@ -413,3 +416,81 @@ def test_one_replica_on_a_database_leads_and_another_takes_over_when_it_stops(
     finally:
         for s in stores:
             s.close()
+
+
+def compiled_limit(text: str) -> CompiledLimit:
+    """The one limit of a policy file whose ``limits:`` section is ``text``."""
+    source = PolicySource(Path("policies"), (("limits.yaml", text.encode()),), "test")
+    (limit,) = compile_policies(source).limits
+    return limit
+
+
+def test_limits_never_over_admit_across_planes(open_another: Opener) -> None:
+    planes = [open_another(), open_another()]
+    limits = [
+        compiled_limit("limits:\n- {id: r, capabilities: [a.b], rate: 1/hour, burst: 5}"),
+        compiled_limit("limits:\n- {id: b, capabilities: [a.b], budget: 10/day, cost: '3'}"),
+        compiled_limit("limits:\n- {id: c, capabilities: [a.b], concurrency: 2}"),
+    ]
+    admitted: list[str] = []
+    barrier = threading.Barrier(12)
+    now = 1_800_000_000.0
+
+    def call(plane: Store, n: int) -> None:
+        barrier.wait()
+        for limit in limits:
+            cost = 3.0 if limit.kind == "budget" else 1.0
+            admission = plane.transact(
+                lambda tx, limit=limit, cost=cost: admit(
+                    tx,
+                    [LimitCall(limit, "acme", cost)],
+                    invocation_id=f"inv-{n}-{limit.id}",
+                    now=now,
+                    grant_expires=now + 60,
+                )
+            )
+            if admission.refusal is None:
+                admitted.append(limit.id)
+            else:
+                assert admission.refusal.retry_after_ms > 0
+
+    threads = [threading.Thread(target=call, args=(planes[n % 2], n)) for n in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(admitted) == ["b"] * 3 + ["c"] * 2 + ["r"] * 5
+    (usage,) = planes[0].limit_usages("b", "acme", now)
+    assert sum(hold.amount for hold in usage.holds) == 9
+
+
+def test_limit_holds_end_with_their_window_or_when_given_back(store: Store) -> None:
+    budget = compiled_limit("limits:\n- {id: b, capabilities: [a.b], budget: 10/min}")
+    cap = compiled_limit("limits:\n- {id: c, capabilities: [a.b], concurrency: 1}")
+    now = 1_800_000_000.0
+
+    def take(limit: CompiledLimit, invocation_id: str, at: float) -> bool:
+        admission = store.transact(
+            lambda tx: admit(
+                tx,
+                [LimitCall(limit, "k", 4.0)],
+                invocation_id=invocation_id,
+                now=at,
+                grant_expires=at + 30,
+            )
+        )
+        return admission.refusal is None
+
+    assert take(budget, "one", now) and take(budget, "two", now + 1)
+    assert not take(budget, "three", now + 2)
+    assert take(budget, "three", now + 60.5)  # "one" left the window
+    assert take(cap, "one", now) and not take(cap, "two", now + 1)
+    store.transact(lambda tx: give_back(tx, "one", handler_ran=True, succeeded=True))
+    assert take(cap, "two", now + 2)
+    assert take(cap, "four", now + 33)  # the grant of "two" expired
+    (usage,) = store.limit_usages("b", "k", now + 60.5)
+    assert [hold.invocation_id for hold in usage.holds] == ["two", "three"]
+    store.transact(lambda tx: give_back(tx, "two", handler_ran=False, succeeded=False))
+    (usage,) = store.limit_usages("b", "k", now + 60.5)
+    assert [hold.invocation_id for hold in usage.holds] == ["three"]
+    assert [u.limit_key for u in store.limit_usages("b", None, now + 60.5)] == ["k"]

@@ -37,6 +37,14 @@ rules:
     capabilities: ["orders.secret"]
     effect: hide
     when: '!("admin" in actor.roles)'
+limits:
+  - id: lab-limited-notes
+    capabilities: ["orders.echo"]
+    when: has(input.note) && input.note == "limited"
+    key: actor.tenant
+    rate: 1/hour
+    burst: 1
+    message: "One limited note an hour; wait and try again."
 """
 
 

@@ -489,7 +489,7 @@ def test_policy_status_finds_the_plane_as_approvals_do(plant: Plant) -> None:
 def test_policy_check_accepts_the_example_policies() -> None:
     result = run("policy", "check", str(EXAMPLE_POLICIES))
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("ok: 7 rules in 1 file, 11 test cases (revision ")
+    assert result.stdout.startswith("ok: 7 rules, 2 limits in 1 file, 14 test cases (revision ")
 
 
 def test_policy_check_reports_file_line_col_and_exits_1(tmp_path: Path) -> None:
@@ -507,7 +507,9 @@ def test_policy_test_passes_the_example_suite_with_full_coverage() -> None:
     result = run("policy", "test", str(EXAMPLE_POLICIES))
     assert result.exit_code == 0, result.output
     assert "FAIL" not in result.stdout
-    assert "0 failed; coverage 100% (rules 7/7, condition outcomes 24/24)" in result.stdout
+    assert (
+        "0 failed; coverage 100% (rules 7/7, limits 2/2, condition outcomes 24/24)" in result.stdout
+    )
     assert "rules no test exercised" not in result.stdout
     assert "condition outcomes no test produced" not in result.stdout
 
@@ -581,8 +583,9 @@ tests:
     assert result.exit_code == 1
     assert "rules no test exercised: " in result.stdout
     assert "admins-may-export" in result.stdout
-    # The case also makes the audit-mode rollout rule match: 2 of 7.
-    assert "coverage 38% (rules 2/7, condition outcomes 10/24)" in result.stdout
+    # The case also makes the audit-mode rollout rule match: 2 of 7; and it
+    # counts against both limits.
+    assert "coverage 42% (rules 2/7, limits 2/2, condition outcomes 10/24)" in result.stdout
     assert (
         "orders.yaml:40: agent-refunds-over-100-need-approval: "
         "operand `input.amount > 100` never false"

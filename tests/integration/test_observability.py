@@ -81,6 +81,7 @@ def decision(plant: Plant, invocation_id: str) -> dict[str, Any]:
                 "validate",
                 "authorize",
                 "policy",
+                "limits",
                 "approval",
                 "idempotency",
             ],

@@ -123,7 +123,6 @@ def test_si4_processes_extend_one_chain_without_forks(
     from warden_server.audit.reader import verify
 
     plant = start_plane(processes=2)
-    actor = plant.token()
     registry = plant.server.plane.telemetry.metrics.registry
 
     def begins_here() -> float:
@@ -131,8 +130,10 @@ def test_si4_processes_extend_one_chain_without_forks(
         return registry.get_sample_value("warden_rpc_duration_seconds_count", labels) or 0.0
 
     def refund(rt: Any) -> str:
+        # One agent per runtime: the example policies limit each agent's refunds.
+        agent = plant.token(f"bot-{runtimes.index(rt)}")
         return str(
-            rt.invoke("orders.refund", {"order_id": "A1", "amount": 120}, actor=actor).status
+            rt.invoke("orders.refund", {"order_id": "A1", "amount": 120}, actor=agent).status
         )
 
     # Each runtime opens its own connection, and the kernel puts each on one of

@@ -43,7 +43,9 @@ def test_semantics_suite_passes_and_an_erroring_rule_is_not_covered() -> None:
 def test_example_policies_pass_with_full_coverage() -> None:
     result = warden("policy", "test", str(EXAMPLES), "--min-coverage", "100")
     assert result.exit_code == 0, result.output
-    assert "0 failed; coverage 100% (rules 7/7, condition outcomes 24/24)" in result.output
+    assert (
+        "0 failed; coverage 100% (rules 7/7, limits 2/2, condition outcomes 24/24)" in result.output
+    )
 
 
 def test_default_effect_applies_when_no_rule_matches() -> None:
@@ -203,3 +205,80 @@ def test_a_case_in_which_the_rule_fails_counts_no_condition_outcome(tmp_path: Pa
     assert (summary["exercised"], summary["outcomes_seen"], summary["outcomes"]) == (0, 0, 10)
     assert summary["coverage"] == 0.0
     assert len(summary["unseen_outcomes"]) == 5
+
+
+LIMITED = """\
+rules:
+  - {id: allow-all, capabilities: ["orders.*"], effect: allow}
+limits:
+  - id: per-agent
+    capabilities: ["orders.refund"]
+    key: actor.id
+    rate: 1/min
+    burst: 3
+  - id: budget
+    capabilities: ["orders.refund"]
+    key: actor.tenant
+    budget: 1000/day
+    cost: input.amount
+  - id: slots
+    capabilities: ["orders.export"]
+    concurrency: 2
+  - id: big-ones
+    capabilities: ["orders.refund"]
+    when: input.amount > 5000
+    concurrency: 1
+"""
+
+LIMITED_CASES = """\
+tests:
+  - name: the burst spent
+    capability: orders.refund
+    input: {amount: 1}
+    usage: {per-agent: 3}
+    expect: {effect: allow, limit: per-agent}
+  - name: a token left
+    capability: orders.refund
+    input: {amount: 1}
+    usage: {per-agent: 2, budget: 999}
+    expect: {effect: allow}
+  - name: over the whole budget
+    capability: orders.refund
+    input: {amount: 1001}
+    expect: {effect: allow, limit: budget}
+  - name: both slots taken
+    capability: orders.export
+    usage: {slots: 2}
+    expect: {effect: allow, limit: slots}
+"""
+
+
+def limited_folder(tmp_path: Path, cases: str = LIMITED_CASES) -> Path:
+    folder = tmp_path / "policies"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "rules.yaml").write_text(LIMITED)
+    (folder / "tests" / "cases.yaml").write_text(cases)
+    return folder
+
+
+def test_cases_set_prior_usage_and_expect_the_limit_that_refuses(tmp_path: Path) -> None:
+    result = warden("policy", "test", str(limited_folder(tmp_path)))
+    assert result.exit_code == 0, result.output
+    # No case makes big-ones count a call (its `when` never holds).
+    assert "limits no test exercised: big-ones" in result.output
+    assert "4 passed, 0 failed; coverage 80% (rules 1/1, limits 3/4," in result.output
+
+
+def test_a_case_a_limit_refuses_fails_unless_it_expects_that_limit(tmp_path: Path) -> None:
+    cases = LIMITED_CASES.replace("usage: {per-agent: 2, budget: 999}", "usage: {budget: 1000}")
+    result = warden("policy", "test", str(limited_folder(tmp_path, cases)))
+    assert result.exit_code == 1
+    assert "FAIL  a token left" in result.output
+    assert "'limit': 'budget'" in result.output
+
+
+def test_a_case_naming_an_unknown_limit_is_a_problem_at_its_place(tmp_path: Path) -> None:
+    cases = LIMITED_CASES.replace("usage: {slots: 2}", "usage: {slot: 2}")
+    result = warden("policy", "test", str(limited_folder(tmp_path, cases)))
+    assert result.exit_code == 1
+    assert "cases.yaml:18:13: tests[3].usage.slot: no limit has the id 'slot'" in result.output

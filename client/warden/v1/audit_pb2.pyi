@@ -543,3 +543,132 @@ class ExportRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExportRequest: _TypeAlias = ExportRequest  # noqa: Y015
+
+@_typing.final
+class LimitUsageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_ID_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    limit_id: _builtins.str
+    """One limit of the policy set in force; every limit when empty."""
+    key: _builtins.str
+    """One key's usage; the busiest keys (up to 100 per limit) when unset."""
+    def __init__(
+        self,
+        *,
+        limit_id: _builtins.str = ...,
+        key: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "key", b"key", "limit_id", b"limit_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
+    _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__key) -> _WhichOneofReturnType__key | None: ...
+
+Global___LimitUsageRequest: _TypeAlias = LimitUsageRequest  # noqa: Y015
+
+@_typing.final
+class LimitKeyUsage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    USED_FIELD_NUMBER: _builtins.int
+    NEXT_RELEASE_MS_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """The value of the limit's key expression (empty for a limit without one)."""
+    used: _builtins.float
+    """Tokens spent (rate), cost spent in the window (budget) or calls between
+    grant and outcome (concurrency).
+    """
+    next_release_ms: _builtins.int
+    """Milliseconds until the usage next falls (a token back, a cost leaving the
+    window, a grant expiring); 0 when nothing is used.
+    """
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        used: _builtins.float = ...,
+        next_release_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "next_release_ms", b"next_release_ms", "used", b"used"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LimitKeyUsage: _TypeAlias = LimitKeyUsage  # noqa: Y015
+
+@_typing.final
+class LimitStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    PERIOD_SECONDS_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    FILE_FIELD_NUMBER: _builtins.int
+    LINE_FIELD_NUMBER: _builtins.int
+    limit_id: _builtins.str
+    kind: _builtins.str
+    """rate, budget or concurrency."""
+    mode: _builtins.str
+    """enforce or audit."""
+    capacity: _builtins.float
+    """The burst (rate), the budget or the cap (concurrency)."""
+    period_seconds: _builtins.float
+    """Seconds per token (rate) or the window (budget); 0 for concurrency."""
+    file: _builtins.str
+    """The policy file and line of the limit."""
+    line: _builtins.int
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitKeyUsage]:
+        """Keys with usage, by key."""
+
+    def __init__(
+        self,
+        *,
+        limit_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        mode: _builtins.str = ...,
+        capacity: _builtins.float = ...,
+        period_seconds: _builtins.float = ...,
+        keys: _abc.Iterable[Global___LimitKeyUsage] | None = ...,
+        file: _builtins.str = ...,
+        line: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "file", b"file", "keys", b"keys", "kind", b"kind", "limit_id", b"limit_id", "line", b"line", "mode", b"mode", "period_seconds", b"period_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LimitStatus: _TypeAlias = LimitStatus  # noqa: Y015
+
+@_typing.final
+class LimitUsageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_REVISION_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    policy_revision: _builtins.str
+    @_builtins.property
+    def limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitStatus]: ...
+    def __init__(
+        self,
+        *,
+        policy_revision: _builtins.str = ...,
+        limits: _abc.Iterable[Global___LimitStatus] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "policy_revision", b"policy_revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LimitUsageResponse: _TypeAlias = LimitUsageResponse  # noqa: Y015

@@ -54,6 +54,11 @@ class AuditStub:
                 request_serializer=warden_dot_v1_dot_audit__pb2.ExportRequest.SerializeToString,
                 response_deserializer=warden_dot_v1_dot_audit__pb2.AuditRecord.FromString,
                 _registered_method=True)
+        self.LimitUsage = channel.unary_unary(
+                '/warden.v1.Audit/LimitUsage',
+                request_serializer=warden_dot_v1_dot_audit__pb2.LimitUsageRequest.SerializeToString,
+                response_deserializer=warden_dot_v1_dot_audit__pb2.LimitUsageResponse.FromString,
+                _registered_method=True)
 
 
 class AuditServicer:
@@ -87,6 +92,14 @@ class AuditServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LimitUsage(self, request, context):
+        """Current usage of the policy limits in force, per key (needs auditor:all:
+        keys may be any tenant's).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AuditServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +122,11 @@ def add_AuditServicer_to_server(servicer, server):
                     servicer.Export,
                     request_deserializer=warden_dot_v1_dot_audit__pb2.ExportRequest.FromString,
                     response_serializer=warden_dot_v1_dot_audit__pb2.AuditRecord.SerializeToString,
+            ),
+            'LimitUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.LimitUsage,
+                    request_deserializer=warden_dot_v1_dot_audit__pb2.LimitUsageRequest.FromString,
+                    response_serializer=warden_dot_v1_dot_audit__pb2.LimitUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +237,33 @@ class Audit:
             '/warden.v1.Audit/Export',
             warden_dot_v1_dot_audit__pb2.ExportRequest.SerializeToString,
             warden_dot_v1_dot_audit__pb2.AuditRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LimitUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warden.v1.Audit/LimitUsage',
+            warden_dot_v1_dot_audit__pb2.LimitUsageRequest.SerializeToString,
+            warden_dot_v1_dot_audit__pb2.LimitUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,10 @@ class AuditStub:
     """Walk the hash chain and name the first bad sequence number (needs auditor:all)."""
     Export: _grpc.UnaryStreamMultiCallable[_audit_pb2.ExportRequest, _audit_pb2.AuditRecord]
     """Every matching record, oldest first."""
+    LimitUsage: _grpc.UnaryUnaryMultiCallable[_audit_pb2.LimitUsageRequest, _audit_pb2.LimitUsageResponse]
+    """Current usage of the policy limits in force, per key (needs auditor:all:
+    keys may be any tenant's).
+    """
 
 @_typing.type_check_only
 class AuditAsyncStub(AuditStub):
@@ -58,6 +62,10 @@ class AuditAsyncStub(AuditStub):
     """Walk the hash chain and name the first bad sequence number (needs auditor:all)."""
     Export: _aio.UnaryStreamMultiCallable[_audit_pb2.ExportRequest, _audit_pb2.AuditRecord]  # type: ignore[assignment]
     """Every matching record, oldest first."""
+    LimitUsage: _aio.UnaryUnaryMultiCallable[_audit_pb2.LimitUsageRequest, _audit_pb2.LimitUsageResponse]  # type: ignore[assignment]
+    """Current usage of the policy limits in force, per key (needs auditor:all:
+    keys may be any tenant's).
+    """
 
 class AuditServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -91,5 +99,15 @@ class AuditServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_audit_pb2.AuditRecord], _abc.AsyncIterator[_audit_pb2.AuditRecord]]:
         """Every matching record, oldest first."""
+
+    @_abc_1.abstractmethod
+    def LimitUsage(
+        self,
+        request: _audit_pb2.LimitUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.LimitUsageResponse, _abc.Awaitable[_audit_pb2.LimitUsageResponse]]:
+        """Current usage of the policy limits in force, per key (needs auditor:all:
+        keys may be any tenant's).
+        """
 
 def add_AuditServicer_to_server(servicer: AuditServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -12,6 +12,7 @@ from warden_server.cli.approvals import approvals
 from warden_server.cli.audit import audit
 from warden_server.cli.audit_tail import audit_tail
 from warden_server.cli.console import console
+from warden_server.cli.limits import limits
 from warden_server.cli.policy import policy
 from warden_server.cli.serve import serve
 from warden_server.cli.token import token
@@ -23,7 +24,7 @@ def main() -> None:
     """Warden: a policy-as-code governance plane for the operations AI models may call."""
 
 
-for command in (serve, token, policy, audit, approvals, console):
+for command in (serve, token, policy, audit, approvals, console, limits):
     main.add_command(command)
 audit.add_command(audit_tail)
 

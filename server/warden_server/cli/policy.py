@@ -118,7 +118,9 @@ def policy_check(
         else ""
     )
     click.echo(
-        f"ok: {_plural(len(policies.rules), 'rule')} in {_plural(len(policies.files), 'file')}, "
+        f"ok: {_plural(len(policies.rules), 'rule')}"
+        + (f", {_plural(len(policies.limits), 'limit')}" if policies.limits else "")
+        + f" in {_plural(len(policies.files), 'file')}, "
         f"{_plural(len(cases), 'test case')} (revision {policies.revision[:12]}){checked}",
         err=as_json,
     )
@@ -180,6 +182,8 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
         line = f"{'PASS' if case.passed else 'FAIL'}  {case.name}"
         if not case.passed:
             shown = {k: case.actual.get(k) for k in case.expected}
+            if "limit" in case.actual:  # a refusal the case did not expect
+                shown["limit"] = case.actual["limit"]
             line += f"\n      {case.file}\n      expected {case.expected}\n      got      {shown}"
             line += f"\n      matched  {', '.join(case.matched) or 'no rule'}"
             for rule, error in case.errors:
@@ -199,6 +203,8 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
     else:
         if report.unexercised:
             click.echo("rules no test exercised: " + ", ".join(report.unexercised))
+        if report.uncounted:
+            click.echo("limits no test exercised: " + ", ".join(report.uncounted))
         unseen = report.conditions.unseen()
         if unseen:
             click.echo("condition outcomes no test produced:")
@@ -208,7 +214,12 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
         click.echo(
             f"{summary['passed']} passed, {summary['failed']} failed; coverage "
             f"{percent} (rules {summary['exercised']}/{summary['rules']}, "
-            f"condition outcomes {summary['outcomes_seen']}/{summary['outcomes']})"
+            + (
+                f"limits {summary['limits_exercised']}/{summary['limits']}, "
+                if summary["limits"]
+                else ""
+            )
+            + f"condition outcomes {summary['outcomes_seen']}/{summary['outcomes']})"
         )
     if not report.cases:
         click.echo("no test cases found" + (f" matching {pattern!r}" if pattern else ""), err=True)

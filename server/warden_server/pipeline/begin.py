@@ -18,12 +18,14 @@ from warden_server.approvals.audit import approval_event
 from warden_server.approvals.events import ApprovalChange
 from warden_server.errors import InvalidRequest
 from warden_server.grants import GrantClaims
+from warden_server.limits import Refusal, admit, epoch
 from warden_server.pipeline.approval import approval, record_refused_use
 from warden_server.pipeline.authenticate import authenticate
 from warden_server.pipeline.authorize import authorize
 from warden_server.pipeline.context import BeginContext, BeginRequest
 from warden_server.pipeline.failure import Failure, fail
 from warden_server.pipeline.idempotency import Replayed, idempotency, replayed
+from warden_server.pipeline.limits import limited, limits
 from warden_server.pipeline.policy import policy
 from warden_server.pipeline.resolve import resolve
 from warden_server.pipeline.validate import validate
@@ -50,6 +52,7 @@ STAGES: tuple[Stage, ...] = (
     validate,
     authorize,
     policy,
+    limits,
     approval,
     idempotency,
 )
@@ -74,6 +77,15 @@ class ApprovalAlreadyUsed(Exception):
 
 class KeyAlreadyReserved(Exception):
     """Two calls raced for one idempotency key; this one lost."""
+
+
+class LimitReached(Exception):
+    """A limit had room when the stage looked, and none when the grant was
+    written: another call (perhaps in another process) took it first."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.limit_id)
+        self.refusal = refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +127,9 @@ def begin(plane: Plane, request: BeginRequest) -> BeginResult:
         return _grant(plane, ctx)
     except ApprovalAlreadyUsed:
         return _refuse(plane, ctx, fail("APPROVAL_DENIED", "approval-already-used"))
+    except LimitReached as exc:
+        ctx.limited = [exc.refusal.to_json()]
+        return _refuse(plane, ctx, limited(exc.refusal))
     except KeyAlreadyReserved:
         # Another call took the key between this one's read and its write;
         # answer as the idempotency stage now does.
@@ -151,8 +166,8 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
         call_id=request.call_id,
         attempt=request.attempt,
     )
-    event = _decision_event(plane, ctx, "granted", None)
     reservation = ctx.reservation
+    counted = ctx.limits.calls if ctx.limits is not None else ()
 
     def work(tx: WriteTransaction) -> None:
         _claim(tx, request.invocation_id)
@@ -163,8 +178,20 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
             tx.append_audit(_approval_event(ctx, "consumed", ctx.approval))
         if reservation is not None and not tx.reserve_idempotency(reservation, iso(ctx.now)):
             raise KeyAlreadyReserved
+        ctx.limited = []
+        if counted:
+            admission = admit(
+                tx,
+                counted,
+                invocation_id=request.invocation_id,
+                now=epoch(ctx.now),
+                grant_expires=epoch(expires),
+            )
+            if admission.refusal is not None:
+                raise LimitReached(admission.refusal)
+            ctx.limited = [{**r.to_json(), "mode": "audit"} for r in admission.would_have]
         tx.insert_invocation(invocation)
-        tx.append_audit(event)
+        tx.append_audit(_decision_event(plane, ctx, "granted", None))
 
     # A grant is never committed once its requester has stopped waiting for it.
     plane.store.transact(work, deadline=request.deadline)
@@ -335,7 +362,8 @@ def _rules_json(ctx: BeginContext) -> str | None:
             results.extend(decision.rules_json())
     deciding = ctx.decision.rule_id if ctx.decision else None
     hiding = ctx.visibility.rule_id if ctx.visibility else None
-    if not results and not deciding and not hiding:
+    limits = _limits_json(ctx)
+    if not results and not deciding and not hiding and limits is None:
         return None
     errors = ("error", "message_error")
     if ctx.capability is not None and any(key in r for r in results for key in errors):
@@ -346,10 +374,40 @@ def _rules_json(ctx: BeginContext) -> str | None:
                 if key in result:
                     result[key] = scrub_text(result[key], secrets)
     recorded: dict[str, Any] = {"decided_by": hiding or deciding, "evaluated": results}
+    if limits is not None:
+        recorded["limits"] = limits
     shadow = would_have(ctx.visibility, ctx.decision) if ctx.visibility else None
     if shadow is not None:
         recorded["would_have"] = shadow.outcome_json()
     return compact_json(recorded)
+
+
+def _limits_json(ctx: BeginContext) -> dict[str, Any] | None:
+    """What the call counted against each limit, and which limit refused it
+    (or would have, in audit mode); None when no limit matched the call."""
+    counted = ctx.limits
+    if counted is None or not (counted.calls or counted.errors or counted.skipped):
+        return None
+    # A key or an error may quote sensitive input (SI-5).
+    secrets = (
+        sensitive_texts(ctx.input, ctx.capability.definition.input_schema)
+        if ctx.capability is not None
+        else frozenset()
+    )
+    recorded: dict[str, Any] = {
+        "counted": [
+            {"id": c.limit.id, "key": scrub_text(c.key, secrets), "cost": c.cost}
+            for c in counted.calls
+        ],
+        "skipped": list(counted.skipped),
+        "errors": [
+            {"id": limit_id, "error": scrub_text(error, secrets)}
+            for limit_id, error in counted.errors
+        ],
+    }
+    if ctx.limited:
+        recorded["limited"] = ctx.limited
+    return recorded
 
 
 def _redacted_input(plane: Plane, ctx: BeginContext) -> str | None:

@@ -23,6 +23,7 @@ from warden.shared.codes import STAGES
 from warden_server.auth.services import Service
 from warden_server.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from warden_server.grants import GrantError
+from warden_server.limits import give_back
 from warden_server.pipeline.idempotency import records_for_replay, replay_binding
 from warden_server.records.events import AuditEvent, now_iso
 from warden_server.store import IdempotencyRecord, InvocationRecord, WriteTransaction
@@ -143,6 +144,12 @@ def complete(plane: Plane, request: CompleteRequest) -> int:
             invocation.invocation_id, completed_at, outcome_seq=seq, report_digest=report
         ):
             raise _AlreadyCompleted
+        give_back(
+            tx,
+            invocation.invocation_id,
+            handler_ran=request.executed_before_failure,
+            succeeded=request.status == "succeeded",
+        )
         if reservation is not None:
             _settle(tx, reservation, request, completed_at, sealed)
         return seq

@@ -10,7 +10,7 @@ from typing import Any
 from warden_server.auth.actors import Actor
 from warden_server.auth.services import Service
 from warden_server.policy.cel import Activation
-from warden_server.policy.engine import Decision, PolicySet
+from warden_server.policy.engine import Decision, LimitsOutcome, PolicySet
 from warden_server.policy.variables import decision_variables
 from warden_server.registry import Capability
 from warden_server.store import ApprovalRecord, IdempotencyRecord
@@ -54,6 +54,10 @@ class BeginContext:
     """The policy variables, converted once per decision (input added at step 7)."""
     visibility: Decision | None = None
     decision: Decision | None = None
+    limits: LimitsOutcome | None = None
+    """What the call counts against each limit that matches it (step 7b)."""
+    limited: list[dict[str, Any]] = field(default_factory=list)
+    """The limits that refused the call or would have (audit mode), for the record."""
     approval_id: str | None = None
     approval: ApprovalRecord | None = None
     """The approval the call presented, once it is known to be bound to the call."""

@@ -18,7 +18,7 @@ from warden_server.policy.cel import (
     error_in_words,
 )
 from warden_server.policy.globs import GlobIndex, matches
-from warden_server.policy.model import EFFECT_PRECEDENCE, Effect, Outcome, Rule
+from warden_server.policy.model import EFFECT_PRECEDENCE, Effect, Limit, Outcome, Rule, parse_per
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,87 @@ class CompiledRule:
 
     def applies_to(self, capability_id: str) -> bool:
         return any(matches(capability_id, glob) for glob in self.rule.capabilities)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledLimit:
+    """A limit as compiled: its expressions, and its numbers in seconds."""
+
+    limit: Limit
+    file: str
+    line: int
+    when: Program
+    key: Program | None
+    cost: Program | None
+    texts: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.limit.id
+
+    @property
+    def kind(self) -> str:
+        return self.limit.kind
+
+    @property
+    def enforced(self) -> bool:
+        return self.limit.mode == "enforce"
+
+    @property
+    def capacity(self) -> float:
+        """The bucket's size (rate), the budget, or the cap (concurrency)."""
+        limit = self.limit
+        if limit.rate is not None:
+            return float(limit.burst or parse_per(limit.rate, whole=True)[0])
+        if limit.budget is not None:
+            return parse_per(limit.budget, whole=False)[0]
+        assert limit.concurrency is not None
+        return float(limit.concurrency)
+
+    @property
+    def period_seconds(self) -> float:
+        """rate: seconds per token; budget: the window; concurrency: 0."""
+        limit = self.limit
+        if limit.rate is not None:
+            count, seconds = parse_per(limit.rate, whole=True)
+            return seconds / count
+        if limit.budget is not None:
+            return float(parse_per(limit.budget, whole=False)[1])
+        return 0.0
+
+    def text(self, key: str) -> str | None:
+        if key in self.texts:
+            return self.texts[key]
+        written: str | None = getattr(self.limit, key)
+        return written
+
+    def with_reference_programs(self) -> CompiledLimit:
+        return replace(
+            self,
+            when=self.when.reference,
+            key=self.key.reference if self.key else None,
+            cost=self.cost.reference if self.cost else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LimitCall:
+    """What one call counts against one limit: the key and the cost."""
+
+    limit: CompiledLimit
+    key: str
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsOutcome:
+    """The limits that count a call, or the ones that failed to evaluate."""
+
+    calls: tuple[LimitCall, ...] = ()
+    errors: tuple[tuple[str, str], ...] = ()
+    """(limit id, why), for enforced and audit limits alike."""
+    skipped: tuple[str, ...] = ()
+    """The limits matched by capability whose ``when`` did not hold."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +209,15 @@ class PolicySet:
     files: tuple[str, ...]
     evaluator: Evaluator
     default_effect: Literal["allow", "deny"] = "deny"
+    limits: tuple[CompiledLimit, ...] = ()
     _index: GlobIndex = field(init=False, repr=False)
+    _limit_index: GlobIndex = field(init=False, repr=False)
     _for: dict[str, _RulesFor] = field(init=False, repr=False, default_factory=dict)
     """The rules of each capability asked about, split by kind, found once."""
 
     def __post_init__(self) -> None:
         self._index = GlobIndex(r.rule.capabilities for r in self.rules)
+        self._limit_index = GlobIndex(limit.limit.capabilities for limit in self.limits)
 
     def reference(self) -> PolicySet:
         """The same set evaluated by the reference evaluator (itself when it is)."""
@@ -145,7 +229,34 @@ class PolicySet:
             files=self.files,
             evaluator=self.evaluator.reference,
             default_effect=self.default_effect,
+            limits=tuple(limit.with_reference_programs() for limit in self.limits),
         )
+
+    def limits_for(self, capability_id: str) -> tuple[CompiledLimit, ...]:
+        """The limits whose globs match the capability, in load order."""
+        return tuple(self.limits[p] for p in self._limit_index.positions(capability_id))
+
+    def limit(self, limit_id: str) -> CompiledLimit | None:
+        return next((limit for limit in self.limits if limit.id == limit_id), None)
+
+    def count(self, capability_id: str, activation: Activation) -> LimitsOutcome:
+        """What a call counts against each limit that matches it: its key and
+        cost, where ``when`` holds. A limit that fails to evaluate is an error
+        (the caller fails closed for an enforced one)."""
+        calls: list[LimitCall] = []
+        errors: list[tuple[str, str]] = []
+        skipped: list[str] = []
+        for limit in self.limits_for(capability_id):
+            try:
+                counted = _count(limit, activation)
+            except _LimitBroke as exc:
+                errors.append((limit.id, str(exc)))
+                continue
+            if counted is None:
+                skipped.append(limit.id)
+            else:
+                calls.append(counted)
+        return LimitsOutcome(tuple(calls), tuple(errors), tuple(skipped))
 
     def rules_for(self, capability_id: str) -> tuple[CompiledRule, ...]:
         """The rules whose globs match the capability, in load order."""
@@ -307,3 +418,37 @@ def _message(rule: CompiledRule, activation: Activation) -> tuple[str | None, st
             f"'message_expr' must give a non-empty string, got {type(value).__name__}",
         )
     return value, None
+
+
+class _LimitBroke(Exception):
+    """A limit's expression failed, or gave a value of the wrong type."""
+
+
+def _count(limit: CompiledLimit, activation: Activation) -> LimitCall | None:
+    def value(key: str, program: Program) -> Any:
+        try:
+            return program.evaluate(activation)
+        except EvaluationError as exc:
+            raise _LimitBroke(f"{key}: {error_in_words(str(exc), limit.text(key) or '')}") from None
+
+    holds = value("when", limit.when)
+    if not isinstance(holds, bool):
+        raise _LimitBroke(f"'when' must be a bool, got {type(holds).__name__}")
+    if not holds:
+        return None
+    key = ""
+    if limit.key is not None:
+        found = value("key", limit.key)
+        if isinstance(found, bool) or not isinstance(found, str | int):
+            raise _LimitBroke(f"'key' must be a string, got {type(found).__name__}")
+        key = str(found)
+    cost = 1.0
+    if limit.cost is not None:
+        found = value("cost", limit.cost)
+        if isinstance(found, bool) or not isinstance(found, int | float):
+            # The type only: the value may be input (SI-5).
+            raise _LimitBroke(f"'cost' must be a number, got {type(found).__name__}")
+        if found < 0:
+            raise _LimitBroke("'cost' must not be negative")
+        cost = float(found)
+    return LimitCall(limit, key, cost)

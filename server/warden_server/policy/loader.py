@@ -21,10 +21,16 @@ from pydantic import ValidationError
 from warden_server.policy import typecheck, variables, yamlpos
 from warden_server.policy.cel import CelPythonEvaluator, CompileError, Evaluator, Program
 from warden_server.policy.definitions import Definitions, Expansion, identity, line_column
-from warden_server.policy.engine import CompiledRule, PolicySet
+from warden_server.policy.engine import CompiledLimit, CompiledRule, PolicySet
 from warden_server.policy.globs import WILDCARDS, matches
 from warden_server.policy.inputs import InputSchema, missing_field
-from warden_server.policy.model import EXPRESSION_KEYS, PolicyFile, Rule, parse_duration
+from warden_server.policy.model import (
+    EXPRESSION_KEYS,
+    Limit,
+    PolicyFile,
+    Rule,
+    parse_duration,
+)
 
 MAX_EXPRESSION_CHARS: Final = 10_000
 MAX_EXPRESSION_NODES: Final = 4000
@@ -147,12 +153,14 @@ def compile_policies(
     programs = _programs_of(reuse) if reuse and reuse.evaluator.name == evaluator.name else {}
     problems: list[Problem] = []
     rules: list[CompiledRule] = []
+    limits: list[CompiledLimit] = []
     ids: list[tuple[str, str, str, yamlpos.Position]] = []
     for name, raw in source.files:
         checker = _FileChecker(
             str(source.directory / name), evaluator, index, problems, programs, types
         )
         rules.extend(checker.check(raw))
+        limits.extend(checker.limits)
         ids.extend(checker.ids)
     first_seen: dict[str, tuple[str, yamlpos.Position]] = {}
     for rule_id, file, path, position in ids:
@@ -164,7 +172,8 @@ def compile_policies(
                     position.line,
                     position.column,
                     path,
-                    f"duplicate rule id {rule_id!r} (first defined at "
+                    f"duplicate {'limit' if path.startswith('limits') else 'rule'} id "
+                    f"{rule_id!r} (first defined at "
                     f"{other_file}:{other.line}:{other.column})",
                 )
             )
@@ -178,6 +187,7 @@ def compile_policies(
         files=source.names,
         evaluator=evaluator,
         default_effect=default_effect,
+        limits=tuple(limits),
     )
 
 
@@ -192,6 +202,11 @@ def _programs_of(policies: PolicySet) -> dict[str, Program]:
             text = compiled.text(key)
             if program is not None and text is not None:
                 programs[text] = program
+    for limit in policies.limits:
+        for key, found in (("when", limit.when), ("key", limit.key), ("cost", limit.cost)):
+            text = limit.text(key)
+            if found is not None and text is not None:
+                programs[text] = found
     return programs
 
 
@@ -296,7 +311,9 @@ class _FileChecker:
         self.capabilities = capabilities
         self.problems = problems
         self.ids: list[tuple[str, str, str, yamlpos.Position]] = []
-        """(rule id, file, path, position) of every rule that parsed."""
+        """(id, file, path, position) of every rule and limit that parsed."""
+        self.limits: list[CompiledLimit] = []
+        """The limits of the file that compiled."""
         self.document = yamlpos.Document(data=None)
         self.texts: dict[yamlpos.Path, str] = {}
         """The text of every expression of the file, by path: to place a
@@ -376,6 +393,10 @@ class _FileChecker:
             rule_compiled = self._rule(index, rule)
             if rule_compiled is not None:
                 compiled.append(rule_compiled)
+        for index, limit in enumerate(parsed.limits):
+            limit_compiled = self._limit(index, limit)
+            if limit_compiled is not None:
+                self.limits.append(limit_compiled)
         return compiled
 
     def _check_what_parsed(self, data: Any, error: ValidationError) -> None:
@@ -445,6 +466,41 @@ class _FileChecker:
             message_expr=message_expr,
             approvers=approvers,
             ttl_seconds=parse_duration(rule.ttl) if rule.ttl else None,
+            texts=texts,
+        )
+
+    def _limit(self, index: int, limit: Limit) -> CompiledLimit | None:
+        base: yamlpos.Path = ("limits", index)
+        before = len(self.problems)
+        id_path: yamlpos.Path = (*base, "id")
+        self.ids.append((limit.id, self.file, dotted(id_path), self.document.position(id_path)))
+        schemas = self.capabilities.matching(limit.capabilities)
+        texts: dict[str, str] = {}
+
+        def compiled(key: typecheck.Kind, text: str | None) -> Program | None:
+            if text is None:
+                return None
+            path: yamlpos.Path = (*base, key)
+            self.texts[path] = text
+            expansion = self.definitions.expand(path, text)
+            if expansion is None:
+                return None
+            if expansion.text != text:
+                texts[key] = expansion.text
+            return self._expression(path, expansion, variables.WHEN, schemas, key)
+
+        when = compiled("when", limit.when)
+        key = compiled("key", limit.key)
+        cost = compiled("cost", limit.cost)
+        if when is None or len(self.problems) > before:
+            return None
+        return CompiledLimit(
+            limit=limit,
+            file=self.file,
+            line=self.document.position(base).line,
+            when=when,
+            key=key,
+            cost=cost,
             texts=texts,
         )
 

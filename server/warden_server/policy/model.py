@@ -11,7 +11,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from warden_server.policy.globs import can_match_an_id
 
@@ -25,6 +25,14 @@ RULE_ID = r"^[a-z0-9][a-z0-9_.-]*$"
 GLOB = r"^[a-z0-9_*?]+(\.[a-z0-9_*?]+)*$"
 EXPRESSION_KEYS = ("when", "message_expr", "approvers")
 """The rule keys whose values are CEL expressions."""
+LIMIT_EXPRESSION_KEYS = ("when", "key", "cost")
+"""The limit keys whose values are CEL expressions."""
+_PER = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*(s|sec|second|m|min|minute|h|hour|d|day)s?\s*$"
+)
+PER = r"^\s*\d+(\.\d+)?\s*/\s*\d*\s*(s|sec|second|m|min|minute|h|hour|d|day)s?\s*$"
+_PER_UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
+_PER_UNITS |= {"h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 
 
 def parse_duration(text: str) -> int:
@@ -33,6 +41,23 @@ def parse_duration(text: str) -> int:
     if not match:
         raise ValueError(f"{text!r} is not a duration like 90s, 30m, 1h or 7d")
     return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_per(text: str, *, whole: bool) -> tuple[float, int]:
+    """An amount per period, such as ``10/min``, ``5000/day`` or ``3/10s``:
+    (amount, seconds). ``whole`` asks for a whole number of calls."""
+    match = _PER.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not an amount per period like 10/min, 5000/day or 3/10s")
+    amount = float(match.group(1))
+    if whole and not amount.is_integer():
+        raise ValueError(f"{text!r}: a rate counts whole calls")
+    if amount <= 0:
+        raise ValueError(f"{text!r}: the amount must be above zero")
+    seconds = int(match.group(2) or 1) * _PER_UNITS[match.group(3)]
+    if seconds <= 0:
+        raise ValueError(f"{text!r}: the period must be above zero")
+    return amount, seconds
 
 
 def parse_timestamp(text: str) -> datetime:
@@ -122,6 +147,99 @@ class Rule(_Strict):
         return value
 
 
+class Limit(_Strict):
+    """One limit: for the capabilities its globs match, when ``when`` holds,
+    count calls (``rate``), what they spend (``budget``) or how many run at
+    once (``concurrency``), per value of ``key``."""
+
+    id: Annotated[str, Field(max_length=128, json_schema_extra={"pattern": RULE_ID})]
+    """Unique across the policy set (rules and limits); refusals name it."""
+    capabilities: Annotated[
+        list[
+            Annotated[
+                str, AfterValidator(_glob_can_match), Field(json_schema_extra={"pattern": GLOB})
+            ]
+        ],
+        Field(min_length=1),
+    ]
+    """Glob patterns over capability ids, e.g. ``orders.*``."""
+    key: str | None = None
+    """A CEL string: calls with the same key are counted together (e.g.
+    ``actor.tenant``); one count for every call when absent."""
+    when: Annotated[str, Field(json_schema_extra={"type": ["string", "boolean"]})] = "true"
+    """A CEL condition: the limit counts only the calls for which it holds."""
+    rate: Annotated[str | None, Field(json_schema_extra={"pattern": PER})] = None
+    """A token bucket: calls per period, e.g. ``10/min``."""
+    burst: Annotated[int | None, Field(ge=1)] = None
+    """rate only: how many calls may come at once (the bucket's size); the
+    rate's count by default."""
+    budget: Annotated[str | None, Field(json_schema_extra={"pattern": PER})] = None
+    """A sum of ``cost`` over a window, e.g. ``5000/day``."""
+    cost: str | None = None
+    """budget only: a CEL number, what one call spends (1 when absent)."""
+    window: Literal["sliding", "calendar"] = "sliding"
+    """budget only: ``sliding`` (the last period) or ``calendar`` (the
+    current UTC minute, hour or day, from its start)."""
+    concurrency: Annotated[int | None, Field(ge=1)] = None
+    """How many calls may be between grant and outcome at once."""
+    message: str | None = None
+    """The public message of a refusal, written as an instruction to the model."""
+    mode: Literal["enforce", "audit"] = "enforce"
+    """audit: recorded ("would have limited") but not enforced."""
+    description: str | None = None
+    """For people reading the policy; never shown to models."""
+
+    @field_validator("id")
+    @classmethod
+    def _id_shape(cls, value: str) -> str:
+        return Rule._id_shape(value)
+
+    @field_validator("when", "key", "cost", mode="before")
+    @classmethod
+    def _yaml_scalars_are_expressions(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return str(value) if isinstance(value, int | float) else value
+
+    @field_validator("rate")
+    @classmethod
+    def _rate_shape(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_per(value, whole=True)
+        return value
+
+    @field_validator("budget")
+    @classmethod
+    def _budget_shape(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_per(value, whole=False)
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Limit:
+        kinds = [k for k in ("rate", "budget", "concurrency") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("a limit has exactly one of rate, budget or concurrency")
+        for key, owner in (("burst", "rate"), ("cost", "budget")):
+            if getattr(self, key) is not None and kinds[0] != owner:
+                raise ValueError(f"'{key}' applies only to {owner} limits")
+        if self.window != "sliding" and kinds[0] != "budget":
+            raise ValueError("'window' applies only to budget limits")
+        if self.window == "calendar":
+            assert self.budget is not None
+            if parse_per(self.budget, whole=False)[1] not in (1, 60, 3600, 86400):
+                raise ValueError(
+                    "a calendar window is one second, minute, hour or day (e.g. 5000/day)"
+                )
+        return self
+
+    @property
+    def kind(self) -> Literal["rate", "budget", "concurrency"]:
+        if self.rate is not None:
+            return "rate"
+        return "budget" if self.budget is not None else "concurrency"
+
+
 NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 """The name of a constant or variable: a CEL identifier."""
 
@@ -154,6 +272,9 @@ class PolicyFile(_Strict):
     (and in other variables); each is written out where it is used."""
     rules: list[Rule] = []
     """The rules of this file; ids are unique across every file of the folder."""
+    limits: list[Limit] = []
+    """Rate limits, spend budgets and concurrency caps, checked after the rules
+    allowed a call (see docs/limits.md); ids share the rules' namespace."""
 
     @field_validator("variables", mode="before")
     @classmethod
@@ -196,6 +317,9 @@ class Expectation(_Strict):
     """The public message."""
     would_have: Outcome | None = None
     """The decision had the audit-mode rules been enforced."""
+    limit: str | None = None
+    """The limit that refuses the call (RATE_LIMITED, or POLICY_DENIED for a
+    cost above the whole budget), given the case's ``usage``."""
 
 
 class PolicyTest(_Strict):
@@ -212,6 +336,9 @@ class PolicyTest(_Strict):
     """Caller-supplied attributes (``context``); ``surface`` defaults to direct."""
     now: str | None = None
     """An RFC 3339 timestamp; the test run's start when absent."""
+    usage: dict[str, Annotated[float, Field(ge=0)]] = {}
+    """Prior usage of limits by this call's key, by limit id: tokens spent
+    (rate), cost spent in the window (budget) or calls running (concurrency)."""
     expect: Expectation
 
     @field_validator("now", mode="before")

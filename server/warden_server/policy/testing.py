@@ -19,6 +19,7 @@ it matched or failed — not on the wording of error messages.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,10 +27,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from warden_server.limits import epoch, judge, prior_usage, strongest
 from warden_server.policy import yamlpos
 from warden_server.policy.cel import Activation
 from warden_server.policy.coverage import ConditionCoverage
-from warden_server.policy.engine import Decision, PolicySet, would_have
+from warden_server.policy.engine import Decision, LimitCall, PolicySet, would_have
 from warden_server.policy.loader import POLICY_SUFFIXES, Problem, dotted, validation_problems
 from warden_server.policy.model import (
     PolicyTest,
@@ -96,7 +98,9 @@ class TestReport:
     cases: list[CaseResult] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
+    limits: list[str] = field(default_factory=list)
     exercised: set[str] = field(default_factory=set)
+    """The rules some case made match, and the limits some case made count a call."""
     conditions: ConditionCoverage = field(default_factory=ConditionCoverage)
 
     @property
@@ -108,6 +112,11 @@ class TestReport:
         return [r for r in self.rules if r not in self.exercised]
 
     @property
+    def uncounted(self) -> list[str]:
+        """The limits no case made count a call."""
+        return [limit for limit in self.limits if limit not in self.exercised]
+
+    @property
     def rule_coverage(self) -> float:
         """The share of rules some case made match (1.0 without rules); a rule
         that failed to evaluate is not covered."""
@@ -117,8 +126,9 @@ class TestReport:
     def coverage(self) -> float:
         """Rules exercised and condition outcomes seen, over rules and outcomes
         (1.0 when there are neither): what ``--min-coverage`` applies to."""
-        total = len(self.rules) + self.conditions.outcomes
-        covered = len(set(self.rules) & self.exercised) + self.conditions.outcomes_seen
+        total = len(self.rules) + len(self.limits) + self.conditions.outcomes
+        covered = len(set(self.rules + self.limits) & self.exercised)
+        covered += self.conditions.outcomes_seen
         return 1.0 if not total else covered / total
 
     @property
@@ -136,6 +146,9 @@ class TestReport:
             "coverage": round(self.coverage * 100, 2),
             "rule_coverage": round(self.rule_coverage * 100, 2),
             "unexercised": self.unexercised,
+            "limits": len(self.limits),
+            "limits_exercised": len(set(self.limits) & self.exercised),
+            "uncounted_limits": self.uncounted,
             "unseen_outcomes": self.conditions.unseen(),
             "problems": [p.to_json() for p in sorted(self.problems)],
         }
@@ -168,6 +181,7 @@ def load_test_cases(
     cases: list[LoadedCase] = []
     problems: list[Problem] = []
     rule_ids = {r.id for r in policies.rules} if policies is not None else None
+    limit_ids = {limit.id for limit in policies.limits} if policies is not None else None
     for path in test_files(Path(directory)):
         name = str(path)
         try:
@@ -189,6 +203,21 @@ def load_test_cases(
                         f"no rule has the id {rule!r}",
                     )
                 )
+            if limit_ids is not None:
+                named = [(("expect", "limit"), case.expect.limit)]
+                named += [(("usage", limit_id), limit_id) for limit_id in case.usage]
+                for inner, limit_id in named:
+                    if limit_id is not None and limit_id not in limit_ids:
+                        at = document.key_position((*where, *inner))
+                        problems.append(
+                            Problem(
+                                name,
+                                at.line,
+                                at.column,
+                                dotted((*where, *inner)),
+                                f"no limit has the id {limit_id!r}",
+                            )
+                        )
             cases.append(LoadedCase(name, where, document.position(where), case))
     return cases, problems
 
@@ -234,7 +263,11 @@ def run_policy_tests(
     """
     started = now or datetime.now(UTC)
     loaded, problems = load_test_cases(directory, policies)
-    report = TestReport(problems=problems, rules=[r.id for r in policies.rules])
+    report = TestReport(
+        problems=problems,
+        rules=[r.id for r in policies.rules],
+        limits=[limit.id for limit in policies.limits],
+    )
     if conditions:
         report.conditions = ConditionCoverage.of(policies)
     for item in loaded:
@@ -361,9 +394,23 @@ def _run_case(
         "message": final.message,
         "would_have": (would_have(hidden, decision) or final).effect,
     }
+    limit_errors: list[tuple[str, str]] = []
+    if final.effect in ("allow", "require_approval"):
+        counted = policies.count(capability_id, with_input)
+        report.exercised.update(call.limit.id for call in counted.calls)
+        limit_errors = list(counted.errors)
+        moment = epoch(parse_timestamp(item.case.now) if item.case.now else now)
+        enforced = {limit.id for limit in policies.limits if limit.enforced}
+        if any(limit_id in enforced for limit_id, _ in limit_errors):
+            actual["effect"] = "error"  # the plane fails closed: POLICY_FAILED
+        elif (limited := _limited_by(counted.calls, item.case.usage, moment)) is not None:
+            actual["limit"] = limited
     expected = item.case.expect.model_dump(exclude_none=True)
-    passed = disagreement is None and all(
-        actual.get(key) == value for key, value in expected.items()
+    # A call a limit refuses fails a case that does not expect that limit.
+    passed = (
+        disagreement is None
+        and all(actual.get(key) == value for key, value in expected.items())
+        and expected.get("limit") == actual.get("limit")
     )
     where = f"{item.file}:{item.position.line}"
     results = [r for d in (hidden, decision) if d is not None for r in d.results]
@@ -375,8 +422,20 @@ def _run_case(
         actual=actual,
         disagreement=disagreement,
         matched=tuple(r.rule_id for r in results if r.matched),
-        errors=tuple((r.rule_id, r.error) for r in results if r.error),
+        errors=tuple((r.rule_id, r.error) for r in results if r.error) + tuple(limit_errors),
     )
+
+
+def _limited_by(calls: Sequence[LimitCall], usage: Mapping[str, float], now: float) -> str | None:
+    """The limit that refuses a call, given the prior usage of its key."""
+    refusals = []
+    for call in calls:
+        if not call.limit.enforced:
+            continue
+        refusal = judge(call, prior_usage(call.limit, usage.get(call.limit.id, 0.0), now), now)
+        if refusal is not None:
+            refusals.append(refusal)
+    return strongest(refusals).limit_id if refusals else None
 
 
 def failing_tests(policies: PolicySet, directory: str | Path) -> list[Problem]:
@@ -387,6 +446,8 @@ def failing_tests(policies: PolicySet, directory: str | Path) -> list[Problem]:
     for case in report.failed:
         file, _, line = case.file.rpartition(":")
         shown = {k: case.actual.get(k) for k in case.expected}
+        if "limit" in case.actual:  # a refusal the case did not expect
+            shown["limit"] = case.actual["limit"]
         why = "; ".join(f"rule {rule!r}: {error}" for rule, error in case.errors)
         problems.append(
             Problem(

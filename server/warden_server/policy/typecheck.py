@@ -40,7 +40,7 @@ try:
 except ImportError:  # pragma: no cover - the wheel exists for the platforms CI runs on
     cel = None
 
-Kind = Literal["when", "message_expr", "approvers", "variable", "constant"]
+Kind = Literal["when", "message_expr", "approvers", "variable", "constant", "key", "cost"]
 
 PACKAGE: Final = "policy"
 MAX_SCHEMA_DEPTH: Final = 16
@@ -100,6 +100,8 @@ _EXPECTED: Final[Mapping[str, str]] = {
     "when": "bool",
     "approvers": "bool",
     "message_expr": "string",
+    "key": "string",
+    "cost": "number",
 }
 _ACTOR_FIELDS: Final = {
     "id": "a string",
@@ -223,8 +225,12 @@ class TypeChecker:
         if expected is None:
             return []
         found = expression.return_type()
-        want = cel.Type.BOOL if expected == "bool" else cel.Type.STRING
-        if found in (want, cel.Type.DYN):
+        wanted = {
+            "bool": (cel.Type.BOOL,),
+            "string": (cel.Type.STRING,),
+            "number": (cel.Type.INT, cel.Type.UINT, cel.Type.DOUBLE),
+        }[expected]
+        if found in (*wanted, cel.Type.DYN):
             return []
         name = _type_words(_type_name(found), typed)
         where = f" in {typed.where}" if typed.where and "input" in text else ""

@@ -10,6 +10,7 @@ from warden.v1 import audit_pb2, audit_pb2_grpc
 from warden_server.audit import reader
 from warden_server.audit.access import authorize_read
 from warden_server.auth.actors import Actor
+from warden_server.limits import epoch, usage_report
 from warden_server.plane import Plane
 from warden_server.services import convert
 from warden_server.services.metadata import actor_token
@@ -69,3 +70,22 @@ class AuditServicer(audit_pb2_grpc.AuditServicer):
         scope = authorize_read(plane, self._auditor(context), "export", f)
         for row in reader.export(plane.store, f, now=plane.clock(), scope=scope):
             yield convert.audit_record_to_proto(row)
+
+    @rpc
+    def LimitUsage(
+        self, request: audit_pb2.LimitUsageRequest, context: grpc.ServicerContext
+    ) -> audit_pb2.LimitUsageResponse:
+        plane = self._plane
+        key = request.key if request.HasField("key") else None
+        authorize_read(
+            plane,
+            self._auditor(context),
+            "limits",
+            every_tenant=True,
+            limit_id=request.limit_id or None,
+            key=key,
+        )
+        policies = plane.policies.current()
+        now = epoch(plane.clock())
+        report = usage_report(policies, plane.store, now, request.limit_id, key)
+        return convert.limit_usage_to_proto(policies.revision, report)

@@ -32,6 +32,7 @@ from warden_server.auth.actors import Actor
 from warden_server.config import LimitsSection
 from warden_server.errors import InvalidRequest
 from warden_server.grants import PublishedKey
+from warden_server.limits import KeyUsage, LimitStatus
 from warden_server.pipeline.failure import Failure
 from warden_server.pipeline.idempotency import Replayed
 from warden_server.plane import PolicyStatus
@@ -473,6 +474,46 @@ def stats_from_proto(response: audit_pb2.StatsResponse) -> Stats:
             for r in response.rows
         ],
     )
+
+
+def limit_usage_to_proto(revision: str, report: list[LimitStatus]) -> audit_pb2.LimitUsageResponse:
+    return audit_pb2.LimitUsageResponse(
+        policy_revision=revision,
+        limits=[
+            audit_pb2.LimitStatus(
+                limit_id=s.limit_id,
+                kind=s.kind,
+                mode=s.mode,
+                capacity=s.capacity,
+                period_seconds=s.period_seconds,
+                file=s.file,
+                line=s.line,
+                keys=[
+                    audit_pb2.LimitKeyUsage(
+                        key=k.key, used=k.used, next_release_ms=k.next_release_ms
+                    )
+                    for k in s.keys
+                ],
+            )
+            for s in report
+        ],
+    )
+
+
+def limit_usage_from_proto(response: audit_pb2.LimitUsageResponse) -> list[LimitStatus]:
+    return [
+        LimitStatus(
+            limit_id=s.limit_id,
+            kind=s.kind,
+            mode=s.mode,
+            capacity=s.capacity,
+            period_seconds=s.period_seconds,
+            file=s.file,
+            line=s.line,
+            keys=tuple(KeyUsage(k.key, k.used, k.next_release_ms) for k in s.keys),
+        )
+        for s in response.limits
+    ]
 
 
 def verify_to_proto(result: VerifyResult) -> audit_pb2.VerifyResponse:

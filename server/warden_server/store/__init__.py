@@ -20,6 +20,8 @@ from warden_server.store.records import (
     CapabilityRecord,
     IdempotencyRecord,
     InvocationRecord,
+    LimitHold,
+    LimitUsage,
 )
 from warden_server.store.sqlite import SQLiteStore
 
@@ -49,6 +51,8 @@ __all__ = [
     "CapabilityRecord",
     "IdempotencyRecord",
     "InvocationRecord",
+    "LimitHold",
+    "LimitUsage",
     "SQLiteStore",
     "Store",
     "StoreError",

@@ -17,6 +17,8 @@ from warden_server.store.records import (
     CapabilityRecord,
     IdempotencyRecord,
     InvocationRecord,
+    LimitHold,
+    LimitUsage,
     ReplicaRecord,
 )
 
@@ -143,6 +145,26 @@ class ReplicaWrites(Protocol):
         ...
 
 
+class LimitWrites(Protocol):
+    """The counters of policy limits (``limits.py``), read and written in the
+    transaction of the decision they admit, so processes never over-admit."""
+
+    def limit_usage(self, limit_id: str, limit_key: str, now: float) -> LimitUsage:
+        """One key's bucket and live holds (``until`` after ``now``) as this
+        transaction sees them; holds that ended are purged."""
+        ...
+
+    def set_limit_bucket(self, limit_id: str, limit_key: str, full_at: float) -> None:
+        """Record when a rate limit's bucket for a key is full again."""
+        ...
+
+    def hold_limit(self, hold: LimitHold) -> None: ...
+
+    def release_limit_holds(self, invocation_id: str, kinds: Sequence[str]) -> None:
+        """Give back the holds of these kinds that an invocation took."""
+        ...
+
+
 class WriteTransaction(
     AuditWriter,
     RegistryWrites,
@@ -150,6 +172,7 @@ class WriteTransaction(
     ApprovalWrites,
     IdempotencyWrites,
     ReplicaWrites,
+    LimitWrites,
     Protocol,
 ):
     """Writes that commit together. Audit events appended here are durable
@@ -258,7 +281,24 @@ class ReplicaReads(Protocol):
         ...
 
 
-class Store(AuditQueries, RegistryReads, ApprovalReads, IdempotencyReads, ReplicaReads, Protocol):
+class LimitReads(Protocol):
+    def limit_usages(
+        self, limit_id: str, limit_key: str | None, now: float, limit: int = 100
+    ) -> list[LimitUsage]:
+        """Up to ``limit`` keys' state under a limit (one key's when given),
+        by key; only live holds (``until`` after ``now``)."""
+        ...
+
+
+class Store(
+    AuditQueries,
+    RegistryReads,
+    ApprovalReads,
+    IdempotencyReads,
+    ReplicaReads,
+    LimitReads,
+    Protocol,
+):
     """Everything the plane persists."""
 
     def transact(

@@ -270,6 +270,23 @@ def _m009_replicas(db: sqlite_utils.Database) -> None:
     db.execute(create_replicas_table())
 
 
+def _m010_limits(db: sqlite_utils.Database) -> None:
+    """The counters of policy limits: each rate limit's token bucket per key
+    (when it is full again), and what granted calls hold of budgets and
+    concurrency caps (see ``limits.py``)."""
+    db.execute(
+        "CREATE TABLE limit_buckets (limit_id TEXT NOT NULL, limit_key TEXT NOT NULL, "
+        "full_at REAL NOT NULL, PRIMARY KEY (limit_id, limit_key))"
+    )
+    db.execute(
+        "CREATE TABLE limit_holds (limit_id TEXT NOT NULL, limit_key TEXT NOT NULL, "
+        "invocation_id TEXT NOT NULL, kind TEXT NOT NULL, amount REAL NOT NULL, "
+        "at REAL NOT NULL, until REAL NOT NULL)"
+    )
+    db.execute("CREATE INDEX limit_holds_key ON limit_holds (limit_id, limit_key, until)")
+    db.execute("CREATE INDEX limit_holds_invocation_id ON limit_holds (invocation_id)")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_approvals,
@@ -280,6 +297,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m007_outcome_reports,
     _m008_notifications,
     _m009_replicas,
+    _m010_limits,
 ]
 
 ROW_MACS_SINCE = MIGRATIONS.index(_m006_row_macs) + 1

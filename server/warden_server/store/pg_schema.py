@@ -98,9 +98,26 @@ def _initial() -> list[str]:
     ]
 
 
+def _limits() -> list[str]:
+    """The counters of policy limits (as ``migrations._m009_limits``)."""
+    return [
+        f"""CREATE TABLE limit_buckets (
+            limit_id {TEXT} NOT NULL, limit_key {TEXT} NOT NULL,
+            full_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (limit_id, limit_key))""",
+        f"""CREATE TABLE limit_holds (
+            id BIGSERIAL PRIMARY KEY, limit_id {TEXT} NOT NULL, limit_key {TEXT} NOT NULL,
+            invocation_id {TEXT} NOT NULL, kind {TEXT} NOT NULL,
+            amount DOUBLE PRECISION NOT NULL, at DOUBLE PRECISION NOT NULL,
+            until DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX limit_holds_key ON limit_holds (limit_id, limit_key, until)",
+        "CREATE INDEX limit_holds_invocation_id ON limit_holds (invocation_id)",
+    ]
+
+
 MIGRATIONS: Final[list[list[str]]] = [
     _initial(),
     [create_replicas_table(TEXT)],  # what each replica serves (warden_server/replicas.py)
+    _limits(),
 ]
 """Each migration's statements; never edited once released."""
 

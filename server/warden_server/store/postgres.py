@@ -49,6 +49,8 @@ from warden_server.store.records import (
     CapabilityRecord,
     IdempotencyRecord,
     InvocationRecord,
+    LimitHold,
+    LimitUsage,
     ReplicaRecord,
 )
 from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
@@ -370,6 +372,52 @@ class PostgresTransaction:
             (invocation_id,),
         )
 
+    def limit_usage(self, limit_id: str, limit_key: str, now: float) -> LimitUsage:
+        self._conn.execute(
+            "DELETE FROM limit_holds WHERE limit_id = %s AND limit_key = %s AND until <= %s",
+            (limit_id, limit_key, now),
+        )
+        return _limit_usage(self._conn, limit_id, limit_key, now)
+
+    def set_limit_bucket(self, limit_id: str, limit_key: str, full_at: float) -> None:
+        self._conn.execute(
+            "INSERT INTO limit_buckets (limit_id, limit_key, full_at) VALUES (%s, %s, %s) "
+            "ON CONFLICT (limit_id, limit_key) DO UPDATE SET full_at = excluded.full_at",
+            (limit_id, limit_key, full_at),
+        )
+
+    def hold_limit(self, hold: LimitHold) -> None:
+        self._conn.execute(_INSERT_LIMIT_HOLD, asdict(hold))
+
+    def release_limit_holds(self, invocation_id: str, kinds: Sequence[str]) -> None:
+        self._conn.execute(
+            "DELETE FROM limit_holds WHERE invocation_id = %s AND kind = ANY(%s)",
+            (invocation_id, list(kinds)),
+        )
+
+
+_INSERT_LIMIT_HOLD = _insert("limit_holds", [f.name for f in fields(LimitHold)])
+
+
+def _limit_usage(
+    conn: psycopg.Connection[dict[str, Any]], limit_id: str, limit_key: str, now: float
+) -> LimitUsage:
+    bucket = conn.execute(
+        "SELECT full_at FROM limit_buckets WHERE limit_id = %s AND limit_key = %s",
+        (limit_id, limit_key),
+    ).fetchone()
+    holds = conn.execute(
+        "SELECT limit_id, limit_key, invocation_id, kind, amount, at, until FROM limit_holds "
+        "WHERE limit_id = %s AND limit_key = %s AND until > %s ORDER BY until, id",
+        (limit_id, limit_key, now),
+    ).fetchall()
+    return LimitUsage(
+        limit_id,
+        limit_key,
+        float(bucket["full_at"]) if bucket else None,
+        tuple(LimitHold(**row) for row in holds),
+    )
+
 
 class PostgresStore:
     """The replicated store (see the module docstring for how writes commit).
@@ -656,6 +704,23 @@ class PostgresStore:
             params,
         )
         return self._sealed.each(self._sealed.capability, iter(rows))
+
+    def limit_usages(
+        self, limit_id: str, limit_key: str | None, now: float, limit: int = 100
+    ) -> list[LimitUsage]:
+        try:
+            with self._pool.connection() as conn:
+                if limit_key is not None:
+                    return [_limit_usage(conn, limit_id, limit_key, now)]
+                keys = conn.execute(
+                    "SELECT limit_key FROM limit_buckets WHERE limit_id = %s AND full_at > %s "
+                    "UNION SELECT limit_key FROM limit_holds WHERE limit_id = %s AND until > %s "
+                    "ORDER BY limit_key LIMIT %s",
+                    (limit_id, now, limit_id, now, limit),
+                ).fetchall()
+                return [_limit_usage(conn, limit_id, row["limit_key"], now) for row in keys]
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise StoreError(f"the store cannot be read: {_reason(exc)}") from None
 
     def get_invocation(self, invocation_id: str) -> InvocationRecord | None:
         row = self._row("SELECT * FROM invocations WHERE invocation_id = %s", (invocation_id,))

@@ -125,3 +125,31 @@ class ReplicaRecord:
     """Whether it runs the periodic work done once for the cluster."""
     started_at: str
     seen_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class LimitHold:
+    """What a granted call holds of a budget or a concurrency cap, until
+    ``until`` (seconds since the epoch) or until its outcome gives it back."""
+
+    limit_id: str
+    limit_key: str
+    invocation_id: str
+    kind: str
+    """``budget`` or ``concurrency``."""
+    amount: float
+    """The call's cost (budget) or 1 (concurrency)."""
+    at: float
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class LimitUsage:
+    """One key's state under one limit."""
+
+    limit_id: str
+    limit_key: str
+    bucket: float | None
+    """rate: when the token bucket will be full again (seconds since the epoch)."""
+    holds: tuple[LimitHold, ...] = ()
+    """budget and concurrency: the live holds, soonest to end first."""

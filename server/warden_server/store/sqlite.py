@@ -42,6 +42,8 @@ from warden_server.store.records import (
     CapabilityRecord,
     IdempotencyRecord,
     InvocationRecord,
+    LimitHold,
+    LimitUsage,
     ReplicaRecord,
 )
 from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
@@ -310,6 +312,30 @@ class SQLiteTransaction:
         self._conn.execute(
             "DELETE FROM idempotency_keys WHERE invocation_id = ? AND state = 'in_progress'",
             (invocation_id,),
+        )
+
+    def limit_usage(self, limit_id: str, limit_key: str, now: float) -> LimitUsage:
+        self._conn.execute(
+            "DELETE FROM limit_holds WHERE limit_id = ? AND limit_key = ? AND until <= ?",
+            (limit_id, limit_key, now),
+        )
+        return _limit_usage(self._conn, limit_id, limit_key, now)
+
+    def set_limit_bucket(self, limit_id: str, limit_key: str, full_at: float) -> None:
+        self._conn.execute(
+            "INSERT INTO limit_buckets (limit_id, limit_key, full_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (limit_id, limit_key) DO UPDATE SET full_at = excluded.full_at",
+            (limit_id, limit_key, full_at),
+        )
+
+    def hold_limit(self, hold: LimitHold) -> None:
+        self._conn.execute(_INSERT_LIMIT_HOLD, asdict(hold))
+
+    def release_limit_holds(self, invocation_id: str, kinds: Sequence[str]) -> None:
+        marks = ", ".join("?" for _ in kinds)
+        self._conn.execute(
+            f"DELETE FROM limit_holds WHERE invocation_id = ? AND kind IN ({marks})",  # noqa: S608
+            (invocation_id, *kinds),
         )
 
     def decide_approval(
@@ -702,6 +728,20 @@ class SQLiteStore:
         except sqlite3.DatabaseError as exc:
             raise StoreUnreadable(str(exc)) from None
 
+    def limit_usages(
+        self, limit_id: str, limit_key: str | None, now: float, limit: int = 100
+    ) -> list[LimitUsage]:
+        conn = self._reader()
+        if limit_key is not None:
+            return [_limit_usage(conn, limit_id, limit_key, now)]
+        keys = conn.execute(
+            "SELECT limit_key FROM limit_buckets WHERE limit_id = ? AND full_at > ? "
+            "UNION SELECT limit_key FROM limit_holds WHERE limit_id = ? AND until > ? "
+            "ORDER BY limit_key LIMIT ?",
+            (limit_id, now, limit_id, now, limit),
+        ).fetchall()
+        return [_limit_usage(conn, limit_id, key, now) for (key,) in keys]
+
     def audit_page(self, f: RecordFilter, scope: Scope, page: PageRequest) -> Page:
         return audit_sql.page(self._run, f, scope, page, SQLITE)
 
@@ -737,6 +777,27 @@ class SQLiteStore:
 
 _LATEST: Final = "c.ordinal = (SELECT max(ordinal) FROM capabilities WHERE id = c.id)"
 """The newest version of each id, found through the (id, ordinal) index."""
+
+
+_INSERT_LIMIT_HOLD = _insert("limit_holds", LimitHold)
+
+
+def _limit_usage(conn: sqlite3.Connection, limit_id: str, limit_key: str, now: float) -> LimitUsage:
+    bucket = conn.execute(
+        "SELECT full_at FROM limit_buckets WHERE limit_id = ? AND limit_key = ?",
+        (limit_id, limit_key),
+    ).fetchone()
+    holds = conn.execute(
+        "SELECT limit_id, limit_key, invocation_id, kind, amount, at, until FROM limit_holds "
+        "WHERE limit_id = ? AND limit_key = ? AND until > ? ORDER BY until, rowid",
+        (limit_id, limit_key, now),
+    ).fetchall()
+    return LimitUsage(
+        limit_id,
+        limit_key,
+        float(bucket[0]) if bucket else None,
+        tuple(LimitHold(*row) for row in holds),
+    )
 
 
 def _in_namespaces(namespaces: Sequence[str]) -> tuple[str, list[str]]:

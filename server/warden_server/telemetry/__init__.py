@@ -45,6 +45,7 @@ STEP_STAGES: Final = {
     "validate": "input-validation",
     "authorize": "authorization",
     "policy": "policy",
+    "limits": "policy",
     "approval": "approval",
     "idempotency": "execution",
 }

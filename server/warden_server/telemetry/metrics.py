@@ -16,7 +16,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
@@ -30,6 +30,12 @@ NONE: Final = "none"
 UNDECLARED: Final = "undeclared"
 """The label value for a reported code that is neither built in nor declared
 by the capability (see ``Metrics.declared_codes``)."""
+
+LimitUsage = Callable[[], Sequence[tuple[str, float, int]]]
+"""The usage of each limit in force: ``(limit id, the fullest key's share
+of the limit, keys with usage)``, read from the store at scrape time."""
+LIMIT_REASONS: Final = ("limited-by:", "over-whole-budget:")
+"""The decision reasons that name the limit which refused a call."""
 
 DeclaredCodes = Callable[[str, str], Collection[str]]
 """The codes a capability version declares: ``(capability_id, version) -> codes``."""
@@ -107,6 +113,16 @@ class Metrics:
         )
         self._revision: str | None = None
 
+        self.limit_refusals = Counter(
+            "warden_limit_refusals",
+            "Calls a policy limit refused, by limit id (never by key).",
+            ["limit"],
+            registry=r,
+        )
+        self.limit_usage: LimitUsage = tuple
+        """Where the usage of the limits in force is read (the plane's store)."""
+        r.register(_LimitGauges(self))
+
     def stage_seconds_of(self, stage: str, step: str) -> Histogram:
         """The ``stage_seconds`` series of one step, looked up once."""
         series = self._stage_series.get(step)
@@ -124,6 +140,9 @@ class Metrics:
                 counter.labels(
                     stage=event.stage or NONE, code=self._code_label(event), status=event.status
                 ).inc()
+                reason = event.reason or ""
+                if event.kind == "decision" and reason.startswith(LIMIT_REASONS):
+                    self.limit_refusals.labels(limit=reason.partition(":")[2]).inc()
             elif event.kind == "policy":
                 self._policy_recorded(event)
 
@@ -158,6 +177,32 @@ class Metrics:
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format, as ``/metrics`` serves it."""
         return bytes(generate_latest(self.registry))
+
+
+class _LimitGauges(Collector):
+    """The usage of each limit in force, labelled by limit id alone."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        fullest = GaugeMetricFamily(
+            "warden_limit_usage_ratio",
+            "The share of a policy limit its busiest key uses now (0 to 1).",
+            labels=["limit"],
+        )
+        keys = GaugeMetricFamily(
+            "warden_limit_keys_in_use", "Keys with usage under a policy limit.", labels=["limit"]
+        )
+        try:
+            usage = self._metrics.limit_usage()
+        except Exception:
+            log.exception("could not read the usage of the policy limits")
+            usage = ()
+        for limit_id, ratio, count in usage:
+            fullest.add_metric([limit_id], ratio)
+            keys.add_metric([limit_id], count)
+        return [fullest, keys]
 
 
 class MetricsEndpoint:

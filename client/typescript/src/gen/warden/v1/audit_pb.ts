@@ -18,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file warden/v1/audit.proto.
  */
 export const file_warden_v1_audit: GenFile = /*@__PURE__*/
-  fileDesc("ChV3YXJkZW4vdjEvYXVkaXQucHJvdG8SCXdhcmRlbi52MSKzCQoLQXVkaXRSZWNvcmQSCwoDc2VxGAEgASgDEhAKCGV2ZW50X2lkGAIgASgJEgoKAnRzGAMgASgJEgwKBGtpbmQYBCABKAkSGgoNaW52b2NhdGlvbl9pZBgFIAEoCUgAiAEBEhoKDWNhcGFiaWxpdHlfaWQYBiABKAlIAYgBARIfChJjYXBhYmlsaXR5X3ZlcnNpb24YByABKAlIAogBARIUCgdzZXJ2aWNlGAggASgJSAOIAQESFQoIYWN0b3JfaWQYCSABKAlIBIgBARITCgZ0ZW5hbnQYCiABKAlIBYgBARIUCgdzdXJmYWNlGAsgASgJSAaIAQESDgoGc3RhdHVzGAwgASgJEhIKBXN0YWdlGA0gASgJSAeIAQESEQoEY29kZRgOIAEoCUgIiAEBEhQKB2V4cG9zZWQYDyABKAhICYgBARIWCglyZXRyeWFibGUYECABKAhICogBARIbCg5wdWJsaWNfbWVzc2FnZRgRIAEoCUgLiAEBEiQKF2V4ZWN1dGVkX2JlZm9yZV9mYWlsdXJlGBIgASgISAyIAQESHAoPcG9saWN5X3JldmlzaW9uGBMgASgJSA2IAQESEgoFcnVsZXMYFCABKAlIDogBARIYCgthcHByb3ZhbF9pZBgVIAEoCUgPiAEBEhkKDGlucHV0X2RpZ2VzdBgWIAEoCUgQiAEBEhIKBWlucHV0GBcgASgJSBGIAQESEwoGb3V0cHV0GBggASgJSBKIAQESFwoKY2F1c2VfdHlwZRgZIAEoCUgTiAEBEhoKDWNhdXNlX21lc3NhZ2UYGiABKAlIFIgBARISCgVzdGFjaxgbIAEoCUgViAEBEhgKC2R1cmF0aW9uX21zGBwgASgDSBaIAQESFQoIdHJhY2VfaWQYHSABKAlIF4gBARITCgZyZWFzb24YHiABKAlIGIgBARIUCgdkZXRhaWxzGB8gASgJSBmIAQESEQoJcHJldl9oYXNoGCAgASgJEgwKBGhhc2gYISABKAkSFAoHY2FsbF9pZBgiIAEoCUgaiAEBEhQKB2F0dGVtcHQYIyABKANIG4gBAUIQCg5faW52b2NhdGlvbl9pZEIQCg5fY2FwYWJpbGl0eV9pZEIVChNfY2FwYWJpbGl0eV92ZXJzaW9uQgoKCF9zZXJ2aWNlQgsKCV9hY3Rvcl9pZEIJCgdfdGVuYW50QgoKCF9zdXJmYWNlQggKBl9zdGFnZUIHCgVfY29kZUIKCghfZXhwb3NlZEIMCgpfcmV0cnlhYmxlQhEKD19wdWJsaWNfbWVzc2FnZUIaChhfZXhlY3V0ZWRfYmVmb3JlX2ZhaWx1cmVCEgoQX3BvbGljeV9yZXZpc2lvbkIICgZfcnVsZXNCDgoMX2FwcHJvdmFsX2lkQg8KDV9pbnB1dF9kaWdlc3RCCAoGX2lucHV0QgkKB19vdXRwdXRCDQoLX2NhdXNlX3R5cGVCEAoOX2NhdXNlX21lc3NhZ2VCCAoGX3N0YWNrQg4KDF9kdXJhdGlvbl9tc0ILCglfdHJhY2VfaWRCCQoHX3JlYXNvbkIKCghfZGV0YWlsc0IKCghfY2FsbF9pZEIKCghfYXR0ZW1wdCLMAQoLQXVkaXRGaWx0ZXISDQoFc2luY2UYASABKAkSDQoFdW50aWwYAiABKAkSFAoMY2FwYWJpbGl0aWVzGAMgAygJEg0KBWFjdG9yGAQgASgJEg4KBnRlbmFudBgFIAEoCRINCgVzdGFnZRgGIAEoCRIMCgRjb2RlGAcgASgJEg4KBnN0YXR1cxgIIAEoCRIMCgRraW5kGAkgASgJEhUKDWludm9jYXRpb25faWQYCiABKAkSEAoDc2VxGAsgASgDSACIAQFCBgoEX3NlcSJZCgxRdWVyeVJlcXVlc3QSJgoGZmlsdGVyGAEgASgLMhYud2FyZGVuLnYxLkF1ZGl0RmlsdGVyEg0KBWxpbWl0GAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiUQoNUXVlcnlSZXNwb25zZRInCgdyZWNvcmRzGAEgAygLMhYud2FyZGVuLnYxLkF1ZGl0UmVjb3JkEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJCCgxTdGF0c1JlcXVlc3QSJgoGZmlsdGVyGAEgASgLMhYud2FyZGVuLnYxLkF1ZGl0RmlsdGVyEgoKAmJ5GAIgASgJImoKCFN0YXRzUm93EhAKA2tleRgBIAEoCUgAiAEBEg0KBWNvdW50GAIgASgDEg0KBXNoYXJlGAMgASgBEhcKCnBlcl9taW51dGUYBCABKAFIAYgBAUIGCgRfa2V5Qg0KC19wZXJfbWludXRlImUKDVN0YXRzUmVzcG9uc2USCgoCYnkYASABKAkSDQoFdG90YWwYAiABKAMSFgoOd2luZG93X3NlY29uZHMYAyABKAESIQoEcm93cxgEIAMoCzITLndhcmRlbi52MS5TdGF0c1JvdyIPCg1WZXJpZnlSZXF1ZXN0ImgKDlZlcmlmeVJlc3BvbnNlEgoKAm9rGAEgASgIEg8KB2NoZWNrZWQYAiABKAMSFQoNZmlyc3RfYmFkX3NlcRgDIAEoAxIPCgdwcm9ibGVtGAQgASgJEhEKCXN0YXJ0X3NlcRgFIAEoAyI3Cg1FeHBvcnRSZXF1ZXN0EiYKBmZpbHRlchgBIAEoCzIWLndhcmRlbi52MS5BdWRpdEZpbHRlcjL8AQoFQXVkaXQSOgoFUXVlcnkSFy53YXJkZW4udjEuUXVlcnlSZXF1ZXN0Ghgud2FyZGVuLnYxLlF1ZXJ5UmVzcG9uc2USOgoFU3RhdHMSFy53YXJkZW4udjEuU3RhdHNSZXF1ZXN0Ghgud2FyZGVuLnYxLlN0YXRzUmVzcG9uc2USPQoGVmVyaWZ5Ehgud2FyZGVuLnYxLlZlcmlmeVJlcXVlc3QaGS53YXJkZW4udjEuVmVyaWZ5UmVzcG9uc2USPAoGRXhwb3J0Ehgud2FyZGVuLnYxLkV4cG9ydFJlcXVlc3QaFi53YXJkZW4udjEuQXVkaXRSZWNvcmQwAWIGcHJvdG8z");
+  fileDesc("ChV3YXJkZW4vdjEvYXVkaXQucHJvdG8SCXdhcmRlbi52MSKzCQoLQXVkaXRSZWNvcmQSCwoDc2VxGAEgASgDEhAKCGV2ZW50X2lkGAIgASgJEgoKAnRzGAMgASgJEgwKBGtpbmQYBCABKAkSGgoNaW52b2NhdGlvbl9pZBgFIAEoCUgAiAEBEhoKDWNhcGFiaWxpdHlfaWQYBiABKAlIAYgBARIfChJjYXBhYmlsaXR5X3ZlcnNpb24YByABKAlIAogBARIUCgdzZXJ2aWNlGAggASgJSAOIAQESFQoIYWN0b3JfaWQYCSABKAlIBIgBARITCgZ0ZW5hbnQYCiABKAlIBYgBARIUCgdzdXJmYWNlGAsgASgJSAaIAQESDgoGc3RhdHVzGAwgASgJEhIKBXN0YWdlGA0gASgJSAeIAQESEQoEY29kZRgOIAEoCUgIiAEBEhQKB2V4cG9zZWQYDyABKAhICYgBARIWCglyZXRyeWFibGUYECABKAhICogBARIbCg5wdWJsaWNfbWVzc2FnZRgRIAEoCUgLiAEBEiQKF2V4ZWN1dGVkX2JlZm9yZV9mYWlsdXJlGBIgASgISAyIAQESHAoPcG9saWN5X3JldmlzaW9uGBMgASgJSA2IAQESEgoFcnVsZXMYFCABKAlIDogBARIYCgthcHByb3ZhbF9pZBgVIAEoCUgPiAEBEhkKDGlucHV0X2RpZ2VzdBgWIAEoCUgQiAEBEhIKBWlucHV0GBcgASgJSBGIAQESEwoGb3V0cHV0GBggASgJSBKIAQESFwoKY2F1c2VfdHlwZRgZIAEoCUgTiAEBEhoKDWNhdXNlX21lc3NhZ2UYGiABKAlIFIgBARISCgVzdGFjaxgbIAEoCUgViAEBEhgKC2R1cmF0aW9uX21zGBwgASgDSBaIAQESFQoIdHJhY2VfaWQYHSABKAlIF4gBARITCgZyZWFzb24YHiABKAlIGIgBARIUCgdkZXRhaWxzGB8gASgJSBmIAQESEQoJcHJldl9oYXNoGCAgASgJEgwKBGhhc2gYISABKAkSFAoHY2FsbF9pZBgiIAEoCUgaiAEBEhQKB2F0dGVtcHQYIyABKANIG4gBAUIQCg5faW52b2NhdGlvbl9pZEIQCg5fY2FwYWJpbGl0eV9pZEIVChNfY2FwYWJpbGl0eV92ZXJzaW9uQgoKCF9zZXJ2aWNlQgsKCV9hY3Rvcl9pZEIJCgdfdGVuYW50QgoKCF9zdXJmYWNlQggKBl9zdGFnZUIHCgVfY29kZUIKCghfZXhwb3NlZEIMCgpfcmV0cnlhYmxlQhEKD19wdWJsaWNfbWVzc2FnZUIaChhfZXhlY3V0ZWRfYmVmb3JlX2ZhaWx1cmVCEgoQX3BvbGljeV9yZXZpc2lvbkIICgZfcnVsZXNCDgoMX2FwcHJvdmFsX2lkQg8KDV9pbnB1dF9kaWdlc3RCCAoGX2lucHV0QgkKB19vdXRwdXRCDQoLX2NhdXNlX3R5cGVCEAoOX2NhdXNlX21lc3NhZ2VCCAoGX3N0YWNrQg4KDF9kdXJhdGlvbl9tc0ILCglfdHJhY2VfaWRCCQoHX3JlYXNvbkIKCghfZGV0YWlsc0IKCghfY2FsbF9pZEIKCghfYXR0ZW1wdCLMAQoLQXVkaXRGaWx0ZXISDQoFc2luY2UYASABKAkSDQoFdW50aWwYAiABKAkSFAoMY2FwYWJpbGl0aWVzGAMgAygJEg0KBWFjdG9yGAQgASgJEg4KBnRlbmFudBgFIAEoCRINCgVzdGFnZRgGIAEoCRIMCgRjb2RlGAcgASgJEg4KBnN0YXR1cxgIIAEoCRIMCgRraW5kGAkgASgJEhUKDWludm9jYXRpb25faWQYCiABKAkSEAoDc2VxGAsgASgDSACIAQFCBgoEX3NlcSJZCgxRdWVyeVJlcXVlc3QSJgoGZmlsdGVyGAEgASgLMhYud2FyZGVuLnYxLkF1ZGl0RmlsdGVyEg0KBWxpbWl0GAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiUQoNUXVlcnlSZXNwb25zZRInCgdyZWNvcmRzGAEgAygLMhYud2FyZGVuLnYxLkF1ZGl0UmVjb3JkEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJCCgxTdGF0c1JlcXVlc3QSJgoGZmlsdGVyGAEgASgLMhYud2FyZGVuLnYxLkF1ZGl0RmlsdGVyEgoKAmJ5GAIgASgJImoKCFN0YXRzUm93EhAKA2tleRgBIAEoCUgAiAEBEg0KBWNvdW50GAIgASgDEg0KBXNoYXJlGAMgASgBEhcKCnBlcl9taW51dGUYBCABKAFIAYgBAUIGCgRfa2V5Qg0KC19wZXJfbWludXRlImUKDVN0YXRzUmVzcG9uc2USCgoCYnkYASABKAkSDQoFdG90YWwYAiABKAMSFgoOd2luZG93X3NlY29uZHMYAyABKAESIQoEcm93cxgEIAMoCzITLndhcmRlbi52MS5TdGF0c1JvdyIPCg1WZXJpZnlSZXF1ZXN0ImgKDlZlcmlmeVJlc3BvbnNlEgoKAm9rGAEgASgIEg8KB2NoZWNrZWQYAiABKAMSFQoNZmlyc3RfYmFkX3NlcRgDIAEoAxIPCgdwcm9ibGVtGAQgASgJEhEKCXN0YXJ0X3NlcRgFIAEoAyI3Cg1FeHBvcnRSZXF1ZXN0EiYKBmZpbHRlchgBIAEoCzIWLndhcmRlbi52MS5BdWRpdEZpbHRlciI/ChFMaW1pdFVzYWdlUmVxdWVzdBIQCghsaW1pdF9pZBgBIAEoCRIQCgNrZXkYAiABKAlIAIgBAUIGCgRfa2V5IkMKDUxpbWl0S2V5VXNhZ2USCwoDa2V5GAEgASgJEgwKBHVzZWQYAiABKAESFwoPbmV4dF9yZWxlYXNlX21zGAMgASgDIqkBCgtMaW1pdFN0YXR1cxIQCghsaW1pdF9pZBgBIAEoCRIMCgRraW5kGAIgASgJEgwKBG1vZGUYAyABKAkSEAoIY2FwYWNpdHkYBCABKAESFgoOcGVyaW9kX3NlY29uZHMYBSABKAESJgoEa2V5cxgGIAMoCzIYLndhcmRlbi52MS5MaW1pdEtleVVzYWdlEgwKBGZpbGUYByABKAkSDAoEbGluZRgIIAEoAyJVChJMaW1pdFVzYWdlUmVzcG9uc2USFwoPcG9saWN5X3JldmlzaW9uGAEgASgJEiYKBmxpbWl0cxgCIAMoCzIWLndhcmRlbi52MS5MaW1pdFN0YXR1czLHAgoFQXVkaXQSOgoFUXVlcnkSFy53YXJkZW4udjEuUXVlcnlSZXF1ZXN0Ghgud2FyZGVuLnYxLlF1ZXJ5UmVzcG9uc2USOgoFU3RhdHMSFy53YXJkZW4udjEuU3RhdHNSZXF1ZXN0Ghgud2FyZGVuLnYxLlN0YXRzUmVzcG9uc2USPQoGVmVyaWZ5Ehgud2FyZGVuLnYxLlZlcmlmeVJlcXVlc3QaGS53YXJkZW4udjEuVmVyaWZ5UmVzcG9uc2USPAoGRXhwb3J0Ehgud2FyZGVuLnYxLkV4cG9ydFJlcXVlc3QaFi53YXJkZW4udjEuQXVkaXRSZWNvcmQwARJJCgpMaW1pdFVzYWdlEhwud2FyZGVuLnYxLkxpbWl0VXNhZ2VSZXF1ZXN0Gh0ud2FyZGVuLnYxLkxpbWl0VXNhZ2VSZXNwb25zZWIGcHJvdG8z");
 
 /**
  * One row of the audit_events table. An unset optional field is NULL in the store.
@@ -530,6 +530,153 @@ export const ExportRequestSchema: GenMessage<ExportRequest> = /*@__PURE__*/
   messageDesc(file_warden_v1_audit, 9);
 
 /**
+ * @generated from message warden.v1.LimitUsageRequest
+ */
+export type LimitUsageRequest = Message<"warden.v1.LimitUsageRequest"> & {
+  /**
+   * One limit of the policy set in force; every limit when empty.
+   *
+   * @generated from field: string limit_id = 1;
+   */
+  limitId: string;
+
+  /**
+   * One key's usage; the busiest keys (up to 100 per limit) when unset.
+   *
+   * @generated from field: optional string key = 2;
+   */
+  key?: string | undefined;
+};
+
+/**
+ * Describes the message warden.v1.LimitUsageRequest.
+ * Use `create(LimitUsageRequestSchema)` to create a new message.
+ */
+export const LimitUsageRequestSchema: GenMessage<LimitUsageRequest> = /*@__PURE__*/
+  messageDesc(file_warden_v1_audit, 10);
+
+/**
+ * @generated from message warden.v1.LimitKeyUsage
+ */
+export type LimitKeyUsage = Message<"warden.v1.LimitKeyUsage"> & {
+  /**
+   * The value of the limit's key expression (empty for a limit without one).
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * Tokens spent (rate), cost spent in the window (budget) or calls between
+   * grant and outcome (concurrency).
+   *
+   * @generated from field: double used = 2;
+   */
+  used: number;
+
+  /**
+   * Milliseconds until the usage next falls (a token back, a cost leaving the
+   * window, a grant expiring); 0 when nothing is used.
+   *
+   * @generated from field: int64 next_release_ms = 3;
+   */
+  nextReleaseMs: bigint;
+};
+
+/**
+ * Describes the message warden.v1.LimitKeyUsage.
+ * Use `create(LimitKeyUsageSchema)` to create a new message.
+ */
+export const LimitKeyUsageSchema: GenMessage<LimitKeyUsage> = /*@__PURE__*/
+  messageDesc(file_warden_v1_audit, 11);
+
+/**
+ * @generated from message warden.v1.LimitStatus
+ */
+export type LimitStatus = Message<"warden.v1.LimitStatus"> & {
+  /**
+   * @generated from field: string limit_id = 1;
+   */
+  limitId: string;
+
+  /**
+   * rate, budget or concurrency.
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind: string;
+
+  /**
+   * enforce or audit.
+   *
+   * @generated from field: string mode = 3;
+   */
+  mode: string;
+
+  /**
+   * The burst (rate), the budget or the cap (concurrency).
+   *
+   * @generated from field: double capacity = 4;
+   */
+  capacity: number;
+
+  /**
+   * Seconds per token (rate) or the window (budget); 0 for concurrency.
+   *
+   * @generated from field: double period_seconds = 5;
+   */
+  periodSeconds: number;
+
+  /**
+   * Keys with usage, by key.
+   *
+   * @generated from field: repeated warden.v1.LimitKeyUsage keys = 6;
+   */
+  keys: LimitKeyUsage[];
+
+  /**
+   * The policy file and line of the limit.
+   *
+   * @generated from field: string file = 7;
+   */
+  file: string;
+
+  /**
+   * @generated from field: int64 line = 8;
+   */
+  line: bigint;
+};
+
+/**
+ * Describes the message warden.v1.LimitStatus.
+ * Use `create(LimitStatusSchema)` to create a new message.
+ */
+export const LimitStatusSchema: GenMessage<LimitStatus> = /*@__PURE__*/
+  messageDesc(file_warden_v1_audit, 12);
+
+/**
+ * @generated from message warden.v1.LimitUsageResponse
+ */
+export type LimitUsageResponse = Message<"warden.v1.LimitUsageResponse"> & {
+  /**
+   * @generated from field: string policy_revision = 1;
+   */
+  policyRevision: string;
+
+  /**
+   * @generated from field: repeated warden.v1.LimitStatus limits = 2;
+   */
+  limits: LimitStatus[];
+};
+
+/**
+ * Describes the message warden.v1.LimitUsageResponse.
+ * Use `create(LimitUsageResponseSchema)` to create a new message.
+ */
+export const LimitUsageResponseSchema: GenMessage<LimitUsageResponse> = /*@__PURE__*/
+  messageDesc(file_warden_v1_audit, 13);
+
+/**
  * @generated from service warden.v1.Audit
  */
 export const Audit: GenService<{
@@ -572,6 +719,17 @@ export const Audit: GenService<{
     methodKind: "server_streaming";
     input: typeof ExportRequestSchema;
     output: typeof AuditRecordSchema;
+  },
+  /**
+   * Current usage of the policy limits in force, per key (needs auditor:all:
+   * keys may be any tenant's).
+   *
+   * @generated from rpc warden.v1.Audit.LimitUsage
+   */
+  limitUsage: {
+    methodKind: "unary";
+    input: typeof LimitUsageRequestSchema;
+    output: typeof LimitUsageResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_warden_v1_audit, 0);
