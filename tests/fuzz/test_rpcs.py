@@ -267,6 +267,16 @@ def definitions() -> st.SearchStrategy[registry_pb2.CapabilityDefinition]:
 
 
 def test_registry_answers_every_request_by_design(plane: Plant, channel: grpc.Channel) -> None:
+    # A finding: a lone surrogate in a context key was an INTERNAL error.
+    surrogate_key = registry_pb2.ListCapabilitiesRequest(
+        actor_token=plane.token(), context_json='{"\\ud800": 1}'
+    )
+    check_answer(
+        lambda: registry_pb2_grpc.RegistryStub(channel).ListCapabilities(
+            surrogate_key, metadata=((SERVICE_TOKEN, ORDERS_TOKEN),), timeout=30
+        )
+    )
+
     @FUZZ
     @given(data=st.data())
     def fuzz(data: st.DataObject) -> None:

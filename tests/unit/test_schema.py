@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
-from warden.shared.canonical import canonical_json, digest
+from warden.shared.canonical import NotCanonicalizable, canonical_json, digest
 from warden.shared.schema import (
     REDACTED,
     InvalidSchemaError,
@@ -349,6 +349,14 @@ SAFE_INTS = st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1)  # RFC 8785
 @given(st.dictionaries(st.text(max_size=5), SAFE_INTS | st.text(max_size=5), max_size=6))
 def test_digest_is_permutation_invariant(value: dict[str, Any]) -> None:
     assert digest(dict(reversed(list(value.items())))) == digest(value)
+
+
+@pytest.mark.parametrize("value", [{"\ud800": 1}, {"a": {"\udfff": "x"}}, {"a": "\ud800"}])
+def test_text_with_a_lone_surrogate_has_no_canonical_form(value: dict[str, Any]) -> None:
+    """Found by the RPC fuzzer: a lone surrogate in a context key made
+    rfc8785 raise UnicodeEncodeError, an INTERNAL error for the caller."""
+    with pytest.raises(NotCanonicalizable):
+        canonical_json(value)
 
 
 def test_digest_changes_when_a_value_changes() -> None:

@@ -50,6 +50,10 @@ def canonical_json(value: JSONValue) -> bytes:
         return bytes(rfc8785.dumps(value))
     except rfc8785.CanonicalizationError as exc:
         raise NotCanonicalizable(str(exc)) from None
+    except UnicodeEncodeError:
+        # A lone surrogate in a key: rfc8785 sorts keys by their UTF-16 form,
+        # which has none.
+        raise NotCanonicalizable("a key is not valid Unicode (a lone surrogate)") from None
 
 
 def _plain(value: JSONValue) -> bool:
