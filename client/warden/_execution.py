@@ -91,6 +91,15 @@ class AttemptRunner:
             # A repeat of a key this runtime just used is answered with that call's
             # outcome (replayed) once the plane has it, not OPERATION_IN_PROGRESS.
             await self._outbox.reported(scope, self._wait_s)
+        if not await self._outbox.room(self._wait_s):
+            # The plane takes outcome reports slower than calls end: fail closed
+            # before the handler, rather than pile up reports without end.
+            cause = WardenError(
+                f"{self._outbox.backlog} outcome reports wait for the plane "
+                f"(at most {self._outbox.backlog_limit} are held)"
+            )
+            error = CapabilityError("GOVERNANCE_UNAVAILABLE", retryable=True, cause=cause)
+            return Envelope("failed", invocation_id, error=error)
         begin = asyncio.ensure_future(self._transport.begin(request))
         try:
             response = await asyncio.shield(begin)

@@ -50,6 +50,10 @@ log = logging.getLogger("warden")
 HEARTBEAT_S: Final = 5.0
 """How often a process says it lives; three missed beats and its reports are taken over."""
 SENDING_AT_ONCE: Final = 64
+BACKLOG_LIMIT: Final = 2_048
+"""Reports this process may hold that the plane has not taken; past it a new
+call waits for room (``Outbox.room``), so a plane that falls behind slows its
+callers instead of letting reports pile up without end."""
 """Reports in flight to the plane at one time."""
 AWAY_PAUSES_S: Final = (0.1, 2.0)
 """The first and the longest pause while the plane does not answer."""
@@ -213,10 +217,14 @@ class Outbox:
     Args:
         transport: How to reach the plane.
         path: The outbox file; None keeps reports in memory only.
+        backlog_limit: Reports held, not yet taken, past which new calls wait.
     """
 
-    def __init__(self, transport: Transport, path: Path | None) -> None:
+    def __init__(
+        self, transport: Transport, path: Path | None, backlog_limit: int = BACKLOG_LIMIT
+    ) -> None:
         self._transport = transport
+        self.backlog_limit = backlog_limit
         try:
             self._file = _ReportFile(path, transport.target)
         except (OSError, sqlite3.Error) as exc:
@@ -275,6 +283,26 @@ class Outbox:
                 invocation_id,
                 f"in {self.path} for the next run" if self.path else "unsent",
             )
+
+    @property
+    def backlog(self) -> int:
+        """Reports held that the plane has not taken yet."""
+        with self._lock:
+            return len(self._waiting)
+
+    async def room(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until the backlog is below
+        ``backlog_limit``; whether it is."""
+        if self.backlog < self.backlog_limit:
+            return True
+        deadline = time.monotonic() + timeout_s
+        pause = 0.001
+        while self.backlog >= self.backlog_limit:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        return True
 
     async def reported(self, scope: IdempotencyScope, timeout_s: float) -> None:
         """Wait (at most ``timeout_s``) until the plane has taken the report of

@@ -4,6 +4,7 @@ and a report repeated because its answer was lost is never recorded twice."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -385,3 +386,35 @@ def await_records(
         assert all(c.poll() is None for c in clients), "a client process ended early"
         assert time.monotonic() < deadline, f"fewer than {at_least} {kind} records in a minute"
         time.sleep(0.05)
+
+
+def test_a_backlog_of_untaken_reports_holds_new_calls_back_and_fails_closed(
+    lab_plant: Plant, lab: Lab, outbox_home: Path
+) -> None:
+    """A plane that takes outcome reports slower than calls end slows its
+    callers: a call waits for room in the outbox before its Begin, and fails
+    closed, its handler not run, when none comes in time."""
+    rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab, governance_timeout_ms=300)
+    actor = lab_plant.token()
+    try:
+        rt._outbox.backlog_limit = 0  # never room: every call is held back
+        held = rt.invoke("orders.echo", {"n": 1}, actor=actor)
+        assert held.status == "failed" and held.error is not None
+        assert held.error.code == "GOVERNANCE_UNAVAILABLE" and held.error.retryable
+        assert "outcome reports wait for the plane" in str(held.error.cause)
+        assert lab.runs.get("orders.echo", 0) == 0
+        assert lab_plant.events(invocation_id=held.invocation_id) == []
+
+        rt._outbox.backlog_limit = 1  # each call waits until the last report is taken
+        calls = [rt.invoke("orders.echo", {"n": n}, actor=actor) for n in range(8)]
+        assert [c.status for c in calls] == ["succeeded"] * 8
+        assert rt.flush(timeout_ms=10_000) == 0
+    finally:
+        rt.close()
+    seq = {
+        (r["invocation_id"], r["kind"]): r["seq"]
+        for r in lab_plant.events()
+        if r["kind"] in ("decision", "outcome")
+    }
+    for before, after in itertools.pairwise(calls):
+        assert seq[(before.invocation_id, "outcome")] < seq[(after.invocation_id, "decision")]
