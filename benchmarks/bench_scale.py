@@ -311,6 +311,9 @@ hs256_secret = "bench-only-secret-0123456789abcdef"
 token = "{SERVICE_TOKEN}"
 namespaces = [{namespaces}]
 
+[limits]
+max_capabilities_per_service = {max(500, size.capabilities)}
+
 [idempotency]
 replay_key = "bench-only-replay-key-0123456789"
 """

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel
 
@@ -54,6 +54,9 @@ log = logging.getLogger("warden")
 F = TypeVar("F", bound=Callable[..., Any])
 A = TypeVar("A", bound=Authorizer)
 T = TypeVar("T")
+
+REGISTER_AT_ONCE: Final = 100
+"""Capabilities sent in one Register call: the plane's default limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,14 +285,19 @@ class Runtime:
         """The async twin of ``register``."""
         if not self._capabilities:
             raise WardenError("no capabilities to register: decorate handlers first")
-        request = registry_pb2.RegisterRequest(
-            capabilities=[spec.to_proto() for spec in self._capabilities.values()]
-        )
-        response = await self._transport.register(request)
-        registered = [
-            RegisteredCapability(c.definition.id, c.definition.version, c.digest)
-            for c in response.capabilities
-        ]
+        definitions = [spec.to_proto() for spec in self._capabilities.values()]
+        registered: list[RegisteredCapability] = []
+        # A plane takes at most 100 per call by default ([limits]
+        # max_capabilities_per_register); each call registers all or nothing.
+        for start in range(0, len(definitions), REGISTER_AT_ONCE):
+            request = registry_pb2.RegisterRequest(
+                capabilities=definitions[start : start + REGISTER_AT_ONCE]
+            )
+            response = await self._transport.register(request)
+            registered += [
+                RegisteredCapability(c.definition.id, c.definition.version, c.digest)
+                for c in response.capabilities
+            ]
         self._versions = {r.id: r.version for r in registered}
         self._registered = True
         return registered

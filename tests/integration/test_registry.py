@@ -488,3 +488,20 @@ def test_a_version_that_would_break_a_rule_in_force_is_refused_and_the_previous_
     finally:
         good.close()
         bad.close()
+
+
+def test_a_runtime_with_more_capabilities_than_one_call_takes_registers_them_all(
+    lab_plant: Plant, runtimes: Any
+) -> None:
+    """The plane takes 100 capabilities per Register call by default; the SDK
+    sends a runtime's capabilities in as many calls as that needs."""
+    rt = runtimes(capability_id="orders.note0")
+    for n in range(1, 150):
+
+        @rt.capability(f"orders.note{n}", input=NoteV1, output=NoteOut, side_effect="read")
+        def note(inp: NoteV1, ctx: warden.Context) -> NoteOut:
+            return NoteOut(n=inp.n)
+
+    registered = rt.register()
+    assert sorted(r.id for r in registered) == sorted(f"orders.note{n}" for n in range(150))
+    assert len(lab_plant.rows("SELECT id FROM capabilities")) == 150
