@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -30,6 +31,9 @@ from warden_server.policy.cel import MACROS
 VARIABLES: Final = "v"
 CONSTANTS: Final = "c"
 _parser = celpy.Environment()
+_MAY_REFER: Final = re.compile(r"(?<![\w.])[vc]\s*\.")
+"""Where a ``v.name`` or ``c.name`` could start (a string literal may match too:
+that costs a parse, never a miss)."""
 
 Report = Callable[[yamlpos.Path, int, str], None]
 """Report a problem at (path of the source text, offset in it, message)."""
@@ -136,6 +140,8 @@ class Definitions:
     def expand(self, path: yamlpos.Path, text: str) -> Expansion | None:
         """``text`` (written at ``path``) with every ``v.name`` and ``c.name``
         written out; None after reporting a reference that cannot be."""
+        if not _MAY_REFER.search(text):  # no v.name or c.name: nothing to parse
+            return identity(path, text)
         try:
             tree = _parser.compile(text)
         except Exception:  # a syntax error: compiling reports it, at its place

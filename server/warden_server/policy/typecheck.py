@@ -761,7 +761,24 @@ _parser = celpy.Environment()
 
 def constant_failures(text: str, env: Any) -> list[TypeProblem]:
     """Sub-expressions that read no variable and fail whenever evaluated, and
-    ``matches`` patterns that are not valid regular expressions."""
+    ``matches`` patterns that are not valid regular expressions.
+
+    They depend on the text alone, and a large set repeats its conditions
+    across namespaces: each text is parsed once per ``env`` (a checker's)."""
+    key = (id(env), text)
+    found = _CONSTANT_FAILURES.get(key)
+    if found is None:
+        if len(_CONSTANT_FAILURES) >= 65_536:
+            _CONSTANT_FAILURES.clear()
+        found = _CONSTANT_FAILURES[key] = (env, tuple(_constant_failures(text, env)))
+    return list(found[1])
+
+
+_CONSTANT_FAILURES: dict[tuple[int, str], tuple[Any, tuple[TypeProblem, ...]]] = {}
+"""Each entry keeps its ``env`` alive, so an id is never reused while cached."""
+
+
+def _constant_failures(text: str, env: Any) -> list[TypeProblem]:
     try:
         tree = _parser.compile(text)
     except Exception:  # syntax errors are the reference compiler's to report
