@@ -115,6 +115,9 @@ interface Reported {
 }
 
 /** A service's connection to the plane and the capabilities it serves. */
+/** Capabilities sent in one Register call: the plane's default limit. */
+export const REGISTER_AT_ONCE = 100;
+
 export class Runtime {
   readonly target: string;
   readonly service: string;
@@ -168,9 +171,15 @@ export class Runtime {
     if (this.specs.size === 0) {
       throw new WardenError("no capabilities to register: declare them with capability() first");
     }
-    const answered = await this.transport.register(
-      [...this.specs.values()].map((s) => s.definition),
-    );
+    // A plane takes at most 100 per call by default ([limits]
+    // max_capabilities_per_register); each call registers all or nothing.
+    const definitions = [...this.specs.values()].map((s) => s.definition);
+    const answered = [];
+    for (let start = 0; start < definitions.length; start += REGISTER_AT_ONCE) {
+      answered.push(
+        ...(await this.transport.register(definitions.slice(start, start + REGISTER_AT_ONCE))),
+      );
+    }
     const registered = answered.map((c) => ({
       id: c.definition?.id ?? "",
       version: c.definition?.version ?? "",

@@ -232,6 +232,19 @@ describe("a TypeScript service on a real plane", () => {
     assert.equal(ran.look, undefined);
   });
 
+  test("more capabilities than one Register call takes are registered in several", async () => {
+    const many = new Runtime(target, { service: "billing", token });
+    for (let n = 0; n < 150; n++) {
+      many.capability({ id: `billing.many${n}`, input: object, output: object }, () => ({}));
+    }
+    const registered = await many.register();
+    assert.equal(registered.length, 150);
+    assert.deepEqual(
+      new Set(registered.map((r) => r.id)),
+      new Set(Array.from({ length: 150 }, (_, n) => `billing.many${n}`)),
+    );
+  });
+
   test("a runtime cannot register in a namespace its service does not own (SI-7)", async () => {
     const intruder = new Runtime(target, { service: "billing", token });
     intruder.capability({ id: "orders.sneak", input: object, output: object }, () => ({}));
