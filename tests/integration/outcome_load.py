@@ -1,19 +1,27 @@
-"""A client process for the restart test: many concurrent calls through the
-SDK until a stop file appears, then the outbox drained and every call's answer
-written out as JSON lines (invocation id, status, error code).
+"""A client process for the kill-under-load tests (a plane restarted, a
+replica killed): many concurrent calls through the SDK until a stop file
+appears, then the outbox drained and every call's answer written out as JSON
+lines (invocation id, status, error code).
 
     python -m tests.integration.outcome_load TARGET OUTBOX ACTOR CALLERS STOP RESULTS
+
+With the helpers those tests share to start planes and clients and to wait
+for the log to grow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import warden
-from tests.conftest import ORDERS_TOKEN
+from benchmarks import warden_command
+from tests.conftest import ORDERS_TOKEN, ROOT
 from tests.integration.lab import EchoIn, EchoOut
 
 HANDLER_S = 0.02
@@ -50,6 +58,47 @@ async def load(target: str, outbox: Path, actor: str, callers: int, stop: Path) 
     if left:
         raise SystemExit(f"{left} outcome reports were not taken")
     return answers
+
+
+def start_client(
+    target: str, outbox: Path, actor: str, callers: int, stop: Path, results: Path
+) -> subprocess.Popen[bytes]:
+    """This module as a client process (see the module docstring)."""
+    command = [sys.executable, "-m", "tests.integration.outcome_load"]
+    arguments = [target, str(outbox), actor, str(callers), str(stop), str(results)]
+    return subprocess.Popen([*command, *arguments], cwd=ROOT)
+
+
+def start_plane_process(config_file: Path, port: int) -> subprocess.Popen[bytes]:
+    """``warden serve`` in a process group of its own, so that it can be killed whole."""
+    return subprocess.Popen(
+        [
+            *warden_command(),
+            "serve",
+            "--config",
+            str(config_file),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            "ERROR",
+        ],
+        start_new_session=True,
+    )
+
+
+def wait_for_count(
+    count: Callable[[], int],
+    at_least: int,
+    clients: list[subprocess.Popen[bytes]],
+    what: str,
+    within_s: float = 90,
+) -> None:
+    """Wait until ``count()`` reaches ``at_least``, while every client still runs."""
+    deadline = time.monotonic() + within_s
+    while count() < at_least:
+        assert all(c.poll() is None for c in clients), "a client process ended early"
+        assert time.monotonic() < deadline, f"fewer than {at_least} {what} in {within_s:.0f} s"
+        time.sleep(0.05)
 
 
 def main() -> None:

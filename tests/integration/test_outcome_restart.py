@@ -11,7 +11,6 @@ import signal
 import sqlite3
 import stat
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -22,8 +21,9 @@ import grpc
 
 import warden
 from benchmarks import free_port, wait_until_serving, warden_command
-from tests.conftest import ACTOR_SECRET, ORDERS_TOKEN, PROCESSES, ROOT, Plant, make_config
+from tests.conftest import ACTOR_SECRET, ORDERS_TOKEN, PROCESSES, Plant, make_config
 from tests.integration.lab import EchoIn, EchoOut, Lab, build_lab, write_lab_policies
+from tests.integration.outcome_load import start_client, start_plane_process, wait_for_count
 from tests.integration.test_rpc_input import (
     ORDERS,
     Stubs,
@@ -247,19 +247,13 @@ def test_no_outcome_is_lost_when_the_plane_is_killed_under_load_and_restarted(
         wait_until_serving(target, plane)
         for number in range(CLIENTS):
             clients.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "tests.integration.outcome_load",
-                        target,
-                        str(outbox),
-                        actor,
-                        str(CALLERS_PER_CLIENT),
-                        str(stop),
-                        str(tmp_path / f"client-{number}.jsonl"),
-                    ],
-                    cwd=ROOT,
+                start_client(
+                    target,
+                    outbox,
+                    actor,
+                    CALLERS_PER_CLIENT,
+                    stop,
+                    tmp_path / f"client-{number}.jsonl",
                 )
             )
         await_records(config.store_path, "outcome", CALLS_BEFORE_KILL, clients)
@@ -351,23 +345,6 @@ namespaces = ["orders"]
     return config_file
 
 
-def start_plane_process(config_file: Path, port: int) -> subprocess.Popen[bytes]:
-    """``warden serve`` in a process group of its own, so that it can be killed whole."""
-    return subprocess.Popen(
-        [
-            *warden_command(),
-            "serve",
-            "--config",
-            str(config_file),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--log-level",
-            "ERROR",
-        ],
-        start_new_session=True,
-    )
-
-
 def count_records(store: Path, kind: str) -> int:
     conn = sqlite3.connect(store, timeout=30)
     try:
@@ -381,11 +358,7 @@ def await_records(
     store: Path, kind: str, at_least: int, clients: list[subprocess.Popen[bytes]]
 ) -> None:
     """Wait until the log holds ``at_least`` records of ``kind`` (a minute at most)."""
-    deadline = time.monotonic() + 60
-    while count_records(store, kind) < at_least:
-        assert all(c.poll() is None for c in clients), "a client process ended early"
-        assert time.monotonic() < deadline, f"fewer than {at_least} {kind} records in a minute"
-        time.sleep(0.05)
+    wait_for_count(lambda: count_records(store, kind), at_least, clients, f"{kind} records", 60)
 
 
 def test_a_backlog_of_untaken_reports_holds_new_calls_back_and_fails_closed(

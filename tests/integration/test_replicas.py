@@ -11,7 +11,6 @@ import queue
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -24,9 +23,10 @@ import pytest
 
 import warden
 from benchmarks import free_port, wait_until_serving, warden_command
-from tests.conftest import ACTOR_SECRET, ORDERS_TOKEN, ROOT, Plant, make_config
+from tests.conftest import ACTOR_SECRET, ORDERS_TOKEN, Plant, make_config
 from tests.integration.guarantees.lab import Ledger, build_payments, write_guarantees_policies
 from tests.integration.lab import Lab, build_lab, write_lab_policies
+from tests.integration.outcome_load import start_client, start_plane_process, wait_for_count
 from tests.integration.test_replica_status import BROKEN, status_of, wait_for_status
 from tests.unit.approval_records import pending
 from warden_server.app import serve
@@ -188,29 +188,27 @@ namespaces = ["orders"]
     actor = mint_token(config, subject="bot-7", ttl_seconds=3600)
     ports = [free_port() for _ in range(REPLICAS)]
     stop = tmp_path / "stop"
-    planes = [_start(config_file, port) for port in ports]
+    planes = [start_plane_process(config_file, port) for port in ports]
     clients: list[subprocess.Popen[bytes]] = []
     try:
         for plane, port in zip(planes, ports, strict=True):
             wait_until_serving(f"127.0.0.1:{port}", plane)
         for number in range(CLIENTS):
             clients.append(
-                subprocess.Popen(
-                    [
-                        sys.executable, "-m", "tests.integration.outcome_load",
-                        f"127.0.0.1:{ports[number % REPLICAS]}",
-                        str(tmp_path / f"outbox-{number}.sqlite"), actor,
-                        str(CALLERS_PER_CLIENT), str(stop),
-                        str(tmp_path / f"client-{number}.jsonl"),
-                    ],
-                    cwd=ROOT,
+                start_client(
+                    f"127.0.0.1:{ports[number % REPLICAS]}",
+                    tmp_path / f"outbox-{number}.sqlite",
+                    actor,
+                    CALLERS_PER_CLIENT,
+                    stop,
+                    tmp_path / f"client-{number}.jsonl",
                 )
-            )  # fmt: skip
+            )
         _await(postgres_url, "outcome", CALLS_BEFORE_KILL, clients)
         os.killpg(planes[0].pid, signal.SIGKILL)
         planes[0].wait()
         killed_at = _count(postgres_url, "decision")
-        planes[0] = _start(config_file, ports[0])
+        planes[0] = start_plane_process(config_file, ports[0])
         wait_until_serving(f"127.0.0.1:{ports[0]}", planes[0])
         _await(postgres_url, "decision", killed_at + CALLS_AFTER_RESTART, clients)
         stop.touch()
@@ -248,14 +246,6 @@ namespaces = ["orders"]
     assert tampered.returncode != 0 and "40" in tampered.stdout + tampered.stderr, tampered
 
 
-def _start(config_file: Path, port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*warden_command(), "serve", "--config", str(config_file),
-         "--listen", f"127.0.0.1:{port}", "--log-level", "ERROR"],
-        start_new_session=True,
-    )  # fmt: skip
-
-
 def _verify(config_file: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*warden_command(), "audit", "verify", "--config", str(config_file)],
@@ -272,11 +262,7 @@ def _count(url: str, kind: str) -> int:
 
 
 def _await(url: str, kind: str, at_least: int, clients: list[subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + 90
-    while _count(url, kind) < at_least:
-        assert all(c.poll() is None for c in clients), "a client process ended early"
-        assert time.monotonic() < deadline, f"fewer than {at_least} {kind} records"
-        time.sleep(0.05)
+    wait_for_count(lambda: _count(url, kind), at_least, clients, f"{kind} records")
 
 
 def test_policy_status_names_the_replica_serving_another_revision_and_the_one_refusing(
@@ -377,7 +363,7 @@ audience = "warden"
     config = load_config(config_file, environ={})
     token = mint_token(config, subject="ann", roles=("policy-author",), ttl_seconds=3600)
     ports = [free_port() for _ in range(REPLICAS)]
-    planes = [_start(config_file, port) for port in ports]
+    planes = [start_plane_process(config_file, port) for port in ports]
     try:
         for plane, port in zip(planes, ports, strict=True):
             wait_until_serving(f"127.0.0.1:{port}", plane)
