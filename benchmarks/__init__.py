@@ -89,7 +89,9 @@ def free_port() -> int:
 
 
 def start_plane(config: Path, port: int) -> subprocess.Popen[bytes]:
-    """``warden serve --config CONFIG`` on 127.0.0.1:``port``, logs discarded."""
+    """``warden serve --config CONFIG`` on 127.0.0.1:``port``, logs discarded,
+    in a process group of its own (``os.killpg`` kills it with the processes
+    that joined it)."""
     return subprocess.Popen(
         [
             *warden_command(),
@@ -103,6 +105,7 @@ def start_plane(config: Path, port: int) -> subprocess.Popen[bytes]:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import warden
-from benchmarks import warden_command
 from tests.conftest import ORDERS_TOKEN, ROOT
 from tests.integration.lab import EchoIn, EchoOut
 
@@ -67,23 +66,6 @@ def start_client(
     command = [sys.executable, "-m", "tests.integration.outcome_load"]
     arguments = [target, str(outbox), actor, str(callers), str(stop), str(results)]
     return subprocess.Popen([*command, *arguments], cwd=ROOT)
-
-
-def start_plane_process(config_file: Path, port: int) -> subprocess.Popen[bytes]:
-    """``warden serve`` in a process group of its own, so that it can be killed whole."""
-    return subprocess.Popen(
-        [
-            *warden_command(),
-            "serve",
-            "--config",
-            str(config_file),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--log-level",
-            "ERROR",
-        ],
-        start_new_session=True,
-    )
 
 
 def wait_for_count(

@@ -21,9 +21,10 @@ import grpc
 
 import warden
 from benchmarks import free_port, wait_until_serving, warden_command
+from benchmarks import start_plane as start_plane_process
 from tests.conftest import ACTOR_SECRET, ORDERS_TOKEN, PROCESSES, Plant, make_config
 from tests.integration.lab import EchoIn, EchoOut, Lab, build_lab, write_lab_policies
-from tests.integration.outcome_load import start_client, start_plane_process, wait_for_count
+from tests.integration.outcome_load import start_client, wait_for_count
 from tests.integration.test_rpc_input import (
     ORDERS,
     Stubs,

@@ -23,10 +23,11 @@ import pytest
 
 import warden
 from benchmarks import free_port, wait_until_serving, warden_command
+from benchmarks import start_plane as start_plane_process
 from tests.conftest import ACTOR_SECRET, ORDERS_TOKEN, Plant, make_config
 from tests.integration.guarantees.lab import Ledger, build_payments, write_guarantees_policies
 from tests.integration.lab import Lab, build_lab, write_lab_policies
-from tests.integration.outcome_load import start_client, start_plane_process, wait_for_count
+from tests.integration.outcome_load import start_client, wait_for_count
 from tests.integration.test_replica_status import BROKEN, status_of, wait_for_status
 from tests.unit.approval_records import pending
 from warden_server.app import serve
