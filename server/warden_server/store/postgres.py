@@ -17,6 +17,7 @@ connection string follows libpq: the password comes from ``PGPASSWORD``, a
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
@@ -800,6 +801,10 @@ class PostgresStore:
         self._pool.close()
         with self._leader_lock:
             if self._leader is not None:
+                # Hand leadership over now: a closed session's locks are freed
+                # only once the server has ended it, a moment later.
+                with contextlib.suppress(psycopg.Error):
+                    self._leader.execute("SELECT pg_advisory_unlock(%s)", (LEADER_LOCK,))
                 self._leader.close()
 
 
