@@ -588,6 +588,28 @@ def test_begin_refuses_an_invocation_id_reused_after_a_failed_decision(
     assert lab_plant.rows("SELECT * FROM invocations") == []
 
 
+def test_si3_a_flood_of_unauthenticated_begins_is_on_the_record_without_a_write_each(
+    lab_plant: Plant, lab_stubs: Stubs
+) -> None:
+    """Begins without a valid service token are all accounted for (SI-3), but
+    cost no fsync each: the first of a window is recorded, the rest counted
+    into one summary; none spends the invocation id it names."""
+    flood = [begin_request(lab_plant) for _ in range(200)]
+    for request in flood:
+        refused(lab_stubs.governor.Begin, request, WRONG_TOKEN)
+    processes = lab_plant.config.process_count
+    assert len(lab_plant.events(kind="decision", status="rejected")) <= processes
+    lab_plant.server.stop()
+    rejected = lab_plant.events(kind="decision", status="rejected")
+    assert len(rejected) <= 2 * processes
+    accounted = sum(
+        json.loads(r["input"])["refused"] if r["reason"].startswith("begin.refused") else 1
+        for r in rejected
+    )
+    assert accounted == len(flood)
+    assert lab_plant.rows("SELECT * FROM decided_invocations") == []
+
+
 def test_si3_malformed_and_unauthenticated_begins_are_audited(
     lab_plant: Plant, lab_stubs: Stubs, lab: Lab
 ) -> None:

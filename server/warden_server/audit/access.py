@@ -114,7 +114,7 @@ def authorize_read(
         reads.refused(
             ("rejected", None),
             lambda: _event(action, asked, None, "rejected", "UNAUTHENTICATED", why),
-            action=action,
+            action=f"audit.{action}",
         )
         raise
     wait = reads.limiter.admit(f"{actor.tenant}\x1f{actor.id}")
@@ -126,7 +126,7 @@ def authorize_read(
         reads.refused(
             ("limited", actor.id),
             lambda: _event(action, asked, actor, "limited", "RATE_LIMITED", str(refusal)),
-            action=action,
+            action=f"audit.{action}",
         )
         raise refusal
     try:
@@ -264,7 +264,9 @@ class AuditReads:
     ) -> None:
         """A refusal of kind ``key`` (status, caller): the first of a window is
         recorded at once (``event`` builds its record), the others are counted
-        into one summary at the window's end, their records never built."""
+        into one summary at the window's end, their records never built. So a
+        caller who has not authenticated costs no fsync and no storage each
+        (audit reads, and Begins without a valid service token alike)."""
         with self._lock:
             if not self._closed:
                 tally = self._tallies.get(key)
@@ -273,7 +275,7 @@ class AuditReads:
                     tally = self._tallies.get(key)
                 if tally is not None:
                     tally.count += 1
-                    tally.actions[f"audit.{action}"] += 1
+                    tally.actions[action] += 1
                     return
         first = event()
         with self._lock:
@@ -327,19 +329,23 @@ def _summary(tally: _Tally) -> AuditEvent:
     what = {"rejected": "unauthenticated", "limited": "rate-limited"}.get(
         first.status, first.status
     )
+    calls = "reads" if first.kind == "access" else "Begins"
+    prefix = "audit" if first.kind == "access" else "begin"
     return AuditEvent(
-        kind="access",
+        kind=first.kind,
         status=first.status,
+        service=first.service,
         actor_id=first.actor_id,
         tenant=first.tenant,
         surface=first.surface,
         stage=first.stage,
         code=first.code,
+        policy_revision=first.policy_revision,
         input=compact_json(
             {"refused": tally.count, "since": tally.since, "actions": dict(tally.actions)}
         ),
         reason=(
-            f"audit.refused: {tally.count} more {what} reads since {tally.since} "
+            f"{prefix}.refused: {tally.count} more {what} {calls} since {tally.since} "
             "(recorded together)"
         ),
     )

@@ -433,11 +433,38 @@ def reject(
     service: str | None = None,
     surface: str = "",
 ) -> None:
-    """Record a Begin the plane refused to decode or authenticate (SI-3).
+    """Record a Begin the plane refused to decode (SI-3).
 
     Its id, when it has one, is spent too: it cannot be decided later.
     """
-    event = AuditEvent(
+    event = rejection(
+        plane,
+        reason=reason,
+        invocation_id=invocation_id,
+        capability_id=capability_id,
+        service=service,
+        surface=surface,
+    )
+
+    def work(tx: WriteTransaction) -> None:
+        if invocation_id:
+            tx.claim_invocation(invocation_id)
+        tx.append_audit(event)
+
+    plane.store.transact(work)
+
+
+def rejection(
+    plane: Plane,
+    *,
+    reason: str,
+    invocation_id: str = "",
+    capability_id: str = "",
+    service: str | None = None,
+    surface: str = "",
+) -> AuditEvent:
+    """The record of a Begin the plane refused before any stage ran."""
+    return AuditEvent(
         kind="decision",
         status="rejected",
         invocation_id=invocation_id or None,
@@ -447,10 +474,3 @@ def reject(
         policy_revision=plane.policies.current().revision,
         reason=reason[:1000],
     )
-
-    def work(tx: WriteTransaction) -> None:
-        if invocation_id:
-            tx.claim_invocation(invocation_id)
-        tx.append_audit(event)
-
-    plane.store.transact(work)

@@ -10,7 +10,13 @@ from warden.v1 import governor_pb2, governor_pb2_grpc
 from warden_server.auth.services import SERVICE_TOKEN_METADATA, Service, ServiceAuthenticationError
 from warden_server.config import Config
 from warden_server.errors import InvalidRequest
-from warden_server.pipeline.begin import BeginResult, InvocationIdReused, begin, reject
+from warden_server.pipeline.begin import (
+    BeginResult,
+    InvocationIdReused,
+    begin,
+    reject,
+    rejection,
+)
 from warden_server.pipeline.complete import CompleteRequest, OutcomeFailure, complete
 from warden_server.pipeline.context import BeginRequest
 from warden_server.plane import Plane
@@ -39,10 +45,26 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
             service = calling_service(plane, context)
             service_name = service.name
             decoded = _decode_begin(request, service, plane.config, _deadline(plane, context))
+        except ServiceAuthenticationError as exc:
+            # On the record (SI-3), but a caller without a valid service token
+            # costs no fsync each: the first of a window is recorded, the rest
+            # counted into one summary, and no invocation id is spent for it.
+            why = f"{type(exc).__name__}: {exc}"
+            plane.audit_reads.refused(
+                ("begin-rejected", why),
+                lambda: rejection(
+                    plane,
+                    reason=why,
+                    capability_id=recorded_capability_id(request.capability_id),
+                    surface=request.surface[:32],
+                ),
+                action="begin",
+            )
+            raise
         except Exception as exc:
             # Refused before any stage ran, and on the record all the same (SI-3),
             # whatever refused it.
-            designed = isinstance(exc, ServiceAuthenticationError | InvalidRequest)
+            designed = isinstance(exc, InvalidRequest)
             reject(
                 plane,
                 reason=f"{type(exc).__name__}: {exc}"
