@@ -9,13 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from jsonschema.protocols import Validator
 from pydantic import BaseModel
 
 from warden._context import Authorizer, DeclaredError
 from warden._errors import WardenError
 from warden.shared.canonical import compact_json
-from warden.shared.schema import compile_validator
+from warden.shared.schema import SchemaValidator, compile_validator
 from warden.v1 import registry_pb2
 
 SideEffect = Literal["read", "write", "idempotent"]
@@ -53,7 +52,7 @@ class CapabilitySpec:
     version: str | None
     input_schema: dict[str, Any] = field(repr=False)
     output_schema: dict[str, Any] = field(repr=False)
-    output_validator: Validator = field(repr=False, compare=False)
+    output_validator: SchemaValidator = field(repr=False, compare=False)
     authorize: Authorizer | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -13,8 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
-from jsonschema.protocols import Validator
-
 from warden.shared.canonical import (
     JSONLimitError,
     NotCanonicalizable,
@@ -27,6 +25,7 @@ from warden.shared.codes import CODES
 from warden.shared.schema import (
     SENSITIVE,
     InvalidSchemaError,
+    SchemaValidator,
     compile_validator,
     marks_anything,
 )
@@ -106,8 +105,8 @@ class Capability:
     service: str
     digest: str
     registered_at: str
-    input_validator: Validator = field(compare=False, repr=False)
-    output_validator: Validator = field(compare=False, repr=False)
+    input_validator: SchemaValidator = field(compare=False, repr=False)
+    output_validator: SchemaValidator = field(compare=False, repr=False)
     sensitive_input: bool = field(default=True, compare=False, repr=False)
     """Whether the input schema marks any field sensitive; when not, the input
     is stored as it came (nothing to redact)."""

@@ -22,6 +22,12 @@ from jsonschema.protocols import Validator
 
 from warden.shared.canonical import JSONValue
 from warden.shared.patterns import PatternError, compile_pattern, search
+from warden.shared.schema_predicate import (
+    Predicate,
+    compile_predicate,
+    resolve_pointer,
+    unique_key,
+)
 
 SENSITIVE: Final = "x-warden-sensitive"
 MODEL_VISIBLE: Final = "x-warden-model-visible"
@@ -45,7 +51,17 @@ class Issue:
         return {"path": self.path, "message": self.message}
 
 
-def compile_validator(schema: Schema) -> Validator:
+@dataclass(frozen=True, slots=True)
+class SchemaValidator:
+    """A schema's validator, built once per capability version: ``jsonschema``'s,
+    and the schema compiled into one predicate that answers valid input
+    quickly (None when the schema uses a keyword it does not cover)."""
+
+    jsonschema: Validator
+    accepts: Predicate | None
+
+
+def compile_validator(schema: Schema) -> SchemaValidator:
     """Check a schema and build its validator (once per capability version).
 
     Raises:
@@ -66,7 +82,7 @@ def compile_validator(schema: Schema) -> Validator:
         if ref != "#" and _resolve(schema, ref) is None:
             raise InvalidSchemaError(f"$ref {ref!r} at {where or '/'} does not resolve")
     validator: Validator = _LinearValidator(schema, format_checker=_FORMATS)
-    return validator
+    return SchemaValidator(validator, compile_predicate(schema, _FORMATS))
 
 
 # ---------------------------------------------------------------------------
@@ -121,23 +137,11 @@ def _unique_items(validator: Any, unique: Any, instance: Any, schema: Schema) ->
         return
     seen: set[str] = set()
     for item in instance:
-        key = json.dumps(_equality_form(item), sort_keys=True, separators=(",", ":"))
+        key = unique_key(item)
         if key in seen:
             yield ValidationError("has non-unique elements")
             return
         seen.add(key)
-
-
-def _equality_form(value: Any) -> Any:
-    """``value`` with integral floats as integers: JSON Schema equality holds
-    ``1`` and ``1.0`` equal, and ``true`` and ``1`` apart, as their JSON texts then do."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {key: _equality_form(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_equality_form(item) for item in value]
-    return value
 
 
 def _is_regex(instance: object) -> bool:
@@ -242,13 +246,17 @@ def _refs(node: object, where: str) -> Iterator[tuple[str, str]]:
             yield from _refs(child, f"{where}/{index}")
 
 
-def validation_issues(validator: Validator, instance: JSONValue) -> list[Issue]:
+def validation_issues(validator: SchemaValidator, instance: JSONValue) -> list[Issue]:
     """Every issue of ``instance`` against the validator's schema, sorted.
 
     Messages are written from the schema alone, so no input value is echoed.
+    Valid input is recognised by the compiled predicate; ``jsonschema`` runs
+    only to name the issues of input it refuses.
     """
+    if validator.accepts is not None and validator.accepts(instance):
+        return []
     issues: set[Issue] = set()
-    for error in validator.iter_errors(instance):
+    for error in validator.jsonschema.iter_errors(instance):
         issues.update(_issues_of(error))
     return sorted(issues, key=lambda issue: (issue.path, issue.message))
 
@@ -437,15 +445,7 @@ def _expand(schemas: list[Schema], root: Schema) -> list[Schema]:
 
 
 def _resolve(root: Schema, ref: str) -> Schema | None:
-    node: Any = root
-    for raw in ref.removeprefix("#").split("/")[1:]:
-        part = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
+    node = resolve_pointer(root, ref)
     return node if isinstance(node, Mapping) else None
 
 
