@@ -110,7 +110,7 @@ class TelemetryInterceptor(_Interceptor):
         seconds = time.perf_counter() - started
         code = _code_name(context)
         span.set_attribute("rpc.grpc.status_code", code)
-        self._telemetry.metrics.rpc_seconds.labels(method=method, code=code).observe(seconds)
+        self._telemetry.metrics.rpc_series(method, code).observe(seconds)
         if not log.isEnabledFor(logging.DEBUG):
             return
         log.debug(

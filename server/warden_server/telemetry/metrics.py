@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import urllib.request
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
@@ -51,6 +51,27 @@ _LATENCY_BUCKETS: Final = (
 _BATCH_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
+M = TypeVar("M", Counter, Histogram)
+
+
+class Series(Generic[M]):
+    """The series of a labelled metric, each looked up once: ``labels()``
+    takes a lock and builds a key every call, and these are counted on every
+    request. Label values are bounded sets (see above), so is this cache."""
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: M) -> None:
+        self._metric: M = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
 class Metrics:
     """Every metric the plane exports."""
 
@@ -78,7 +99,8 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self._stage_series: dict[str, Histogram] = {}
+        self.rpc_series = Series(self.rpc_seconds)
+        """``rpc_seconds`` by ``(method, code)``."""
         self.stage_seconds = Histogram(
             "warden_stage_duration_seconds",
             "Time spent in one pipeline step, by stage and step.",
@@ -112,6 +134,9 @@ class Metrics:
             registry=r,
         )
         self._revision: str | None = None
+        self._stage_series = Series(self.stage_seconds)
+        self._decision_series = Series(self.decisions)
+        self._outcome_series = Series(self.outcomes)
 
         self.limit_refusals = Counter(
             "warden_limit_refusals",
@@ -124,22 +149,23 @@ class Metrics:
         r.register(_LimitGauges(self))
 
     def stage_seconds_of(self, stage: str, step: str) -> Histogram:
-        """The ``stage_seconds`` series of one step, looked up once."""
-        series = self._stage_series.get(step)
-        if series is None:
-            series = self._stage_series[step] = self.stage_seconds.labels(stage=stage, step=step)
-        return series
+        """The ``stage_seconds`` series of one step."""
+        return self._stage_series(stage, step)
 
     def committed(self, transactions: int, events: Sequence[AuditEvent], seconds: float) -> None:
         """Count a committed batch and the records in it."""
         self.commit_batch.observe(transactions)
         self.commit_seconds.observe(seconds)
         for event in events:
-            counter = {"decision": self.decisions, "outcome": self.outcomes}.get(event.kind)
-            if counter is not None:
-                counter.labels(
-                    stage=event.stage or NONE, code=self._code_label(event), status=event.status
-                ).inc()
+            series = (
+                self._decision_series
+                if event.kind == "decision"
+                else self._outcome_series
+                if event.kind == "outcome"
+                else None
+            )
+            if series is not None:
+                series(event.stage or NONE, self._code_label(event), event.status).inc()
                 reason = event.reason or ""
                 if event.kind == "decision" and reason.startswith(LIMIT_REASONS):
                     self.limit_refusals.labels(limit=reason.partition(":")[2]).inc()
