@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 from warden.shared.canonical import NotCanonicalizable, canonical_json
 from warden_server.audit.chain import verify_rows
 from warden_server.records.chain import GENESIS, canonical_row, record_hash
+from warden_server.records.events import new_event_id
 
 
 def chain(n: int, start_seq: int = 1, prev: str = GENESIS) -> list[dict[str, Any]]:
@@ -150,3 +153,16 @@ def test_the_fast_path_writes_escapes_and_unicode_as_rfc8785() -> None:
 
     value = {"a": ['tab\t "q" \\ \x00 \x1f \x7f é \u2028 \U0001f600', True, None, -(2**53) + 1]}
     assert canonical_json(value) == bytes(rfc8785.dumps(value))
+
+
+def test_record_ids_are_uuid7_and_grow_with_time() -> None:
+    """Ids are appended at the end of their unique index, not at random places."""
+    first = new_event_id()
+    time.sleep(0.002)
+    later = [new_event_id() for _ in range(100)]
+    assert len(set(later)) == 100
+    for text in (first, *later):
+        parsed = uuid.UUID(hex=text)
+        assert (parsed.version, parsed.variant, len(text)) == (7, uuid.RFC_4122, 32)
+    assert all(first < text for text in later)
+    assert abs(int(first[:12], 16) - time.time() * 1000) < 60_000

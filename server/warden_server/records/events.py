@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import uuid
+import os
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -76,6 +77,30 @@ def current_trace_id() -> str | None:
     return format(context.trace_id, "032x") if context.is_valid else None
 
 
+def new_event_id() -> str:
+    """A record's id: a UUIDv7 (RFC 9562) in 32 hex digits, its first 48 bits
+    the time in milliseconds, the rest random.
+
+    Ids that grow with time are appended at the end of the store's unique
+    index on them, instead of at a random place (a page read and split
+    each), which made the index the costliest of an append's dozen.
+    """
+    stamp = time.time_ns() // 1_000_000
+    random = int.from_bytes(os.urandom(10), "big")
+    value = (
+        (stamp & _MASK_48) << 80
+        | 0x7 << 76
+        | (random >> 64 & 0xFFF) << 64
+        | 0b10 << 62
+        | random & _MASK_62
+    )
+    return f"{value:032x}"
+
+
+_MASK_48: Final = (1 << 48) - 1
+_MASK_62: Final = (1 << 62) - 1
+
+
 def now_iso() -> str:
     """The current UTC time as ISO 8601 with milliseconds, e.g. 2026-01-02T03:04:05.678Z."""
     return iso(datetime.now(UTC))
@@ -128,7 +153,7 @@ class AuditEvent:
     details: str | None = None
     call_id: str | None = None
     attempt: int | None = None
-    event_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    event_id: str = dataclasses.field(default_factory=new_event_id)
     ts: str = dataclasses.field(default_factory=now_iso)
 
     def row(self, seq: int, prev_hash: str) -> dict[str, Any]:
