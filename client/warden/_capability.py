@@ -14,7 +14,15 @@ from pydantic import BaseModel
 from warden._context import Authorizer, DeclaredError
 from warden._errors import WardenError
 from warden.shared.canonical import compact_json
-from warden.shared.schema import SchemaValidator, compile_validator
+from warden.shared.redaction import sensitive_texts
+from warden.shared.schema import (
+    MODEL_VISIBLE,
+    SENSITIVE,
+    SchemaValidator,
+    compile_validator,
+    marks_anything,
+    strip_model_hidden,
+)
 from warden.v1 import registry_pb2
 
 SideEffect = Literal["read", "write", "idempotent"]
@@ -54,6 +62,30 @@ class CapabilitySpec:
     output_schema: dict[str, Any] = field(repr=False)
     output_validator: SchemaValidator = field(repr=False, compare=False)
     authorize: Authorizer | None = field(default=None, repr=False, compare=False)
+    input_marks_sensitive: bool = field(default=True, repr=False, compare=False)
+    output_marks_sensitive: bool = field(default=True, repr=False, compare=False)
+    output_marks_hidden: bool = field(default=True, repr=False, compare=False)
+    """Whether the schemas mark anything (SI-5): when they do not, no value
+    has a marked field, and the walks that find them are skipped."""
+
+    def input_secrets(self, input_json: str) -> frozenset[str]:
+        """The sensitive texts of an input (``sensitive_texts``), given as JSON text."""
+        if not self.input_marks_sensitive:
+            return frozenset()
+        return sensitive_texts(json.loads(input_json), self.input_schema)
+
+    def output_secrets(self, value: Any) -> frozenset[str]:
+        """The sensitive texts of an output value (``sensitive_texts``)."""
+        if not self.output_marks_sensitive:
+            return frozenset()
+        return sensitive_texts(value, self.output_schema)
+
+    def model_output(self, value: Any) -> Any:
+        """The output as a model may see it (``strip_model_hidden``): a copy
+        without the hidden fields, or the value itself when none is marked."""
+        if not self.output_marks_hidden:
+            return value
+        return strip_model_hidden(value, self.output_schema)
 
     @property
     def is_async(self) -> bool:
@@ -132,6 +164,9 @@ def build_spec(
         output_schema=output_schema,
         output_validator=compile_validator(output_schema),
         authorize=authorize,
+        input_marks_sensitive=marks_anything(input_schema, SENSITIVE),
+        output_marks_sensitive=marks_anything(output_schema, SENSITIVE),
+        output_marks_hidden=marks_anything(output_schema, MODEL_VISIBLE),
     )
 
 

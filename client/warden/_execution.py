@@ -32,8 +32,8 @@ from warden._errors import CapabilityError, WardenError
 from warden._outbox import IdempotencyScope, Outbox
 from warden._transport import Transport
 from warden.shared.canonical import compact_json
-from warden.shared.redaction import scrub_json, scrub_text, sensitive_texts
-from warden.shared.schema import strip_model_hidden, validation_issues
+from warden.shared.redaction import scrub_json, scrub_text
+from warden.shared.schema import validation_issues
 from warden.v1 import errors_pb2, governor_pb2
 
 _STATUSES: dict[int, Status] = {
@@ -164,7 +164,7 @@ class AttemptRunner:
             capability_id=spec.id,
         )
         try:
-            granted.secrets = sensitive_texts(json.loads(grant.input_json), spec.input_schema)
+            granted.secrets = spec.input_secrets(grant.input_json)
             model = spec.input_model.model_validate_json(grant.input_json)
         except (ValidationError, ValueError) as exc:
             issues = _pydantic_issues(exc) if isinstance(exc, ValidationError) else []
@@ -287,7 +287,7 @@ def _answer(
     """The envelope for a reported outcome."""
     spec = granted.spec
     if error is None:
-        model_output = strip_model_hidden(output_json, spec.output_schema) if spec else None
+        model_output = spec.model_output(output_json) if spec else None
         return Envelope(
             "succeeded", granted.invocation_id, output=output, model_output=model_output
         )
@@ -333,7 +333,7 @@ def _replayed(
         "succeeded",
         invocation_id,
         output=output,
-        model_output=strip_model_hidden(value, spec.output_schema),
+        model_output=spec.model_output(value),
         replayed_from=original,
     )
 
@@ -358,7 +358,7 @@ def _checked_output(spec: CapabilitySpec, result: Any, granted: _Granted) -> tup
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise OutputInvalidError(f"output is not JSON: {type(exc).__name__}") from None
-    granted.secrets |= sensitive_texts(value, spec.output_schema)
+    granted.secrets |= spec.output_secrets(value)
     issues = validation_issues(spec.output_validator, value)
     if issues:
         raise OutputInvalidError(
