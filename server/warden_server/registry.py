@@ -11,6 +11,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any, Final, Literal
 
 from warden.shared.canonical import (
@@ -97,19 +98,25 @@ class CapabilityDefinition:
         return digest(data)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Capability:
-    """A registered version: the definition, its owner, its compiled validators."""
+    """A registered version: the definition, its owner, its input validator."""
 
     definition: CapabilityDefinition
     service: str
     digest: str
     registered_at: str
-    input_validator: SchemaValidator = field(compare=False, repr=False)
-    output_validator: SchemaValidator = field(compare=False, repr=False)
     sensitive_input: bool = field(default=True, compare=False, repr=False)
     """Whether the input schema marks any field sensitive; when not, the input
     is stored as it came (nothing to redact)."""
+
+    @cached_property
+    def input_validator(self) -> SchemaValidator:
+        """The input schema's validator, built when first asked for: a plane
+        starting over many versions reads their schemas (the rules are checked
+        against them) long before it validates a call to each. Every stored
+        schema was checked when it was registered (``check_definition``)."""
+        return compile_validator(self.definition.input_schema)
 
     @property
     def id(self) -> str:
@@ -361,8 +368,6 @@ class Registry:
                     service=record.service,
                     digest=record.digest,
                     registered_at=record.registered_at,
-                    input_validator=compile_validator(definition.input_schema),
-                    output_validator=compile_validator(definition.output_schema),
                     sensitive_input=marks_anything(definition.input_schema, SENSITIVE),
                 )
                 self._cache[key] = cached

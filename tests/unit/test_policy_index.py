@@ -12,7 +12,6 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warden.shared.schema import compile_validator
 from warden_server.auth.actors import Actor
 from warden_server.auth.services import Service
 from warden_server.pipeline.context import BeginContext, BeginRequest
@@ -130,8 +129,6 @@ def test_the_activation_is_built_once_per_decision(tmp_path: Path) -> None:
         service="orders",
         digest="d",
         registered_at="2026-01-01T00:00:00Z",
-        input_validator=compile_validator(schema),
-        output_validator=compile_validator({}),
     )
     request = BeginRequest(
         service=Service("orders", ("orders",)),

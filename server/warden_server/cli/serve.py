@@ -57,6 +57,7 @@ def serve(
     from warden_server.app import MetricsUnavailable, Server
     from warden_server.app import serve as start
     from warden_server.plane import Plane
+    from warden_server.processes import freeze_what_is_loaded
 
     # Paths given on the command line are relative to where the command runs.
     config = load(
@@ -72,6 +73,7 @@ def serve(
             update={"telemetry": config.telemetry.model_copy(update={"metrics_listen": moved})}
         )
     configure_logging(log_level, log_format or config.telemetry.log_format)
+    freeze_what_is_loaded()
     try:
         plane = Plane.from_config(config)
     except PolicyLoadError as exc:
