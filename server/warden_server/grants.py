@@ -18,6 +18,7 @@ restart, so an outcome reported after one is still accepted.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,11 @@ from warden_server import keyfiles
 __all__ = ["GrantClaims", "GrantError", "GrantSigner", "PublishedKey", "default_key_path"]
 
 log = logging.getLogger(__name__)
+
+ISSUED_REMEMBERED = 8_192
+"""Grants a process remembers having signed, newest first: ``Complete`` comes
+back with one moments later, and a token that is byte for byte one this
+process signed needs no signature check (about a tenth of Complete's work)."""
 
 
 def default_key_path(store: Path) -> Path:
@@ -61,6 +67,8 @@ class GrantSigner:
         self._keys: dict[str, Ed25519PublicKey] = {self.key_id: signing}
         for key in verification_keys:
             self._keys.setdefault(grant_token.key_id(key), key)
+        self._issued: dict[str, GrantClaims] = {}
+        self._issued_lock = threading.Lock()
 
     def private_pem(self) -> bytes:
         """The signing key as PEM: for the other processes of this plane only."""
@@ -102,7 +110,12 @@ class GrantSigner:
 
     def sign(self, claims: GrantClaims, *, now: float | None = None) -> str:
         issued = int(now if now is not None else time.time())
-        return grant_token.encode(claims, self._private, issued_at=issued, kid=self.key_id)
+        token = grant_token.encode(claims, self._private, issued_at=issued, kid=self.key_id)
+        with self._issued_lock:
+            self._issued[token] = claims
+            if len(self._issued) > ISSUED_REMEMBERED:
+                del self._issued[next(iter(self._issued))]
+        return token
 
     def verify(self, token: str, *, verify_expiry: bool = True) -> GrantClaims:
         """The claims of a grant this plane signed (with any published key).
@@ -110,7 +123,12 @@ class GrantSigner:
         Raises:
             GrantError: a bad signature, a foreign key or (when asked) an expired grant.
         """
-        return grant_token.decode(token, self._keys, verify_expiry=verify_expiry)
+        claims = self._issued.get(token)
+        if claims is None:
+            return grant_token.decode(token, self._keys, verify_expiry=verify_expiry)
+        if verify_expiry and time.time() >= claims.expires_at:
+            raise GrantError("grant expired")
+        return claims
 
 
 def create_key_file(path: Path) -> None:
