@@ -109,6 +109,8 @@ class Capability:
     sensitive_input: bool = field(default=True, compare=False, repr=False)
     """Whether the input schema marks any field sensitive; when not, the input
     is stored as it came (nothing to redact)."""
+    sensitive_output: bool = field(default=True, compare=False, repr=False)
+    """The same of the output schema, for the outcome record's output."""
 
     @cached_property
     def input_validator(self) -> SchemaValidator:
@@ -369,6 +371,7 @@ class Registry:
                     digest=record.digest,
                     registered_at=record.registered_at,
                     sensitive_input=marks_anything(definition.input_schema, SENSITIVE),
+                    sensitive_output=marks_anything(definition.output_schema, SENSITIVE),
                 )
                 self._cache[key] = cached
         return cached

@@ -101,8 +101,11 @@ def complete(plane: Plane, request: CompleteRequest) -> int:
             canonical_json(value)
         except ValueError as exc:
             raise InvalidRequest(f"output_json is not valid JSON: {exc}") from None
-        schema = capability.definition.output_schema if capability else {}
-        output = compact_json(plane.redaction.value(value, schema))
+        if capability is not None and not capability.sensitive_output:
+            output = compact_json(value)  # nothing marked: nothing to redact
+        else:
+            schema = capability.definition.output_schema if capability else {}
+            output = compact_json(plane.redaction.value(value, schema))
     failure = request.failure
     event = AuditEvent(
         kind="outcome",
