@@ -147,12 +147,19 @@ class Plane:
         closer = threading.Thread(target=close_when_stopped, daemon=True)
         closer.start()
         try:
+            if stop.is_set():
+                return  # the page went away before the watch began
             yield from client.watch(include_pending=include_pending)
         except warden.ApprovalError as exc:
             if not stop.is_set():
                 raise PlaneRefused(
                     exc.status, _message(self.target, exc.status, str(exc))
                 ) from None
+        except ValueError:
+            # grpc's "Cannot invoke RPC: Channel closed!": stopped (sign-out,
+            # shutdown) just as the watch began. Otherwise it is a fault.
+            if not stop.is_set():
+                raise
         finally:
             stop.set()
             client.close()
