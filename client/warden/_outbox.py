@@ -50,11 +50,11 @@ log = logging.getLogger("warden")
 HEARTBEAT_S: Final = 5.0
 """How often a process says it lives; three missed beats and its reports are taken over."""
 SENDING_AT_ONCE: Final = 64
+"""Reports in flight to the plane at one time."""
 BACKLOG_LIMIT: Final = 2_048
 """Reports this process may hold that the plane has not taken; past it a new
 call waits for room (``Outbox.room``), so a plane that falls behind slows its
 callers instead of letting reports pile up without end."""
-"""Reports in flight to the plane at one time."""
 AWAY_PAUSES_S: Final = (0.1, 2.0)
 """The first and the longest pause while the plane does not answer."""
 REFUSED_PAUSES_S: Final = (1.0, 60.0)
