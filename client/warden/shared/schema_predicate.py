@@ -291,20 +291,15 @@ def _bound(compare: Callable[[Any, Any], bool]) -> Callable[[object, Any], Predi
     return build
 
 
-def _length(compare: Callable[[int, int], bool]) -> Callable[[object, Any], Predicate]:
+def _size(
+    kind: type[str] | type[list[Any]], compare: Callable[[int, int], bool]
+) -> Callable[[object, Any], Predicate]:
+    """``minLength`` and the like (``kind`` str) or ``minItems`` (``kind`` list)."""
+
     def build(limit: object, node: Mapping[str, Any]) -> Predicate:
         if type(limit) is not int:
             raise _Unsupported
-        return lambda v: not isinstance(v, str) or compare(len(v), limit)
-
-    return build
-
-
-def _count(compare: Callable[[int, int], bool]) -> Callable[[object, Any], Predicate]:
-    def build(limit: object, node: Mapping[str, Any]) -> Predicate:
-        if type(limit) is not int:
-            raise _Unsupported
-        return lambda v: not isinstance(v, list) or compare(len(v), limit)
+        return lambda v: not isinstance(v, kind) or compare(len(v), limit)
 
     return build
 
@@ -372,10 +367,10 @@ _PLAIN_KEYWORDS: Final[dict[str, Callable[[Any, Mapping[str, Any]], Predicate | 
     "maximum": _bound(lambda v, limit: v <= limit),
     "exclusiveMinimum": _bound(lambda v, limit: v > limit),
     "exclusiveMaximum": _bound(lambda v, limit: v < limit),
-    "minLength": _length(lambda n, limit: n >= limit),
-    "maxLength": _length(lambda n, limit: n <= limit),
-    "minItems": _count(lambda n, limit: n >= limit),
-    "maxItems": _count(lambda n, limit: n <= limit),
+    "minLength": _size(str, lambda n, limit: n >= limit),
+    "maxLength": _size(str, lambda n, limit: n <= limit),
+    "minItems": _size(list, lambda n, limit: n >= limit),
+    "maxItems": _size(list, lambda n, limit: n <= limit),
     "pattern": _pattern,
     "required": _required,
     "uniqueItems": _unique_items,
