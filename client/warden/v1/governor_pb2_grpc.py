@@ -46,6 +46,11 @@ class GovernorStub:
                 request_serializer=warden_dot_v1_dot_governor__pb2.CompleteRequest.SerializeToString,
                 response_deserializer=warden_dot_v1_dot_governor__pb2.CompleteResponse.FromString,
                 _registered_method=True)
+        self.CompleteMany = channel.unary_unary(
+                '/warden.v1.Governor/CompleteMany',
+                request_serializer=warden_dot_v1_dot_governor__pb2.CompleteManyRequest.SerializeToString,
+                response_deserializer=warden_dot_v1_dot_governor__pb2.CompleteManyResponse.FromString,
+                _registered_method=True)
 
 
 class GovernorServicer:
@@ -70,6 +75,14 @@ class GovernorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompleteMany(self, request, context):
+        """Pipeline step 14 for many invocations at once: each report is taken or
+        refused on its own, and the taken ones are committed together.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GovernorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -82,6 +95,11 @@ def add_GovernorServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=warden_dot_v1_dot_governor__pb2.CompleteRequest.FromString,
                     response_serializer=warden_dot_v1_dot_governor__pb2.CompleteResponse.SerializeToString,
+            ),
+            'CompleteMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteMany,
+                    request_deserializer=warden_dot_v1_dot_governor__pb2.CompleteManyRequest.FromString,
+                    response_serializer=warden_dot_v1_dot_governor__pb2.CompleteManyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -140,6 +158,33 @@ class Governor:
             '/warden.v1.Governor/Complete',
             warden_dot_v1_dot_governor__pb2.CompleteRequest.SerializeToString,
             warden_dot_v1_dot_governor__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warden.v1.Governor/CompleteMany',
+            warden_dot_v1_dot_governor__pb2.CompleteManyRequest.SerializeToString,
+            warden_dot_v1_dot_governor__pb2.CompleteManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

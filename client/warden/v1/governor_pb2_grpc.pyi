@@ -43,6 +43,10 @@ class GovernorStub:
     """
     Complete: _grpc.UnaryUnaryMultiCallable[_governor_pb2.CompleteRequest, _governor_pb2.CompleteResponse]
     """Pipeline step 14: the outcome of a granted invocation."""
+    CompleteMany: _grpc.UnaryUnaryMultiCallable[_governor_pb2.CompleteManyRequest, _governor_pb2.CompleteManyResponse]
+    """Pipeline step 14 for many invocations at once: each report is taken or
+    refused on its own, and the taken ones are committed together.
+    """
 
 @_typing.type_check_only
 class GovernorAsyncStub(GovernorStub):
@@ -59,6 +63,10 @@ class GovernorAsyncStub(GovernorStub):
     """
     Complete: _aio.UnaryUnaryMultiCallable[_governor_pb2.CompleteRequest, _governor_pb2.CompleteResponse]  # type: ignore[assignment]
     """Pipeline step 14: the outcome of a granted invocation."""
+    CompleteMany: _aio.UnaryUnaryMultiCallable[_governor_pb2.CompleteManyRequest, _governor_pb2.CompleteManyResponse]  # type: ignore[assignment]
+    """Pipeline step 14 for many invocations at once: each report is taken or
+    refused on its own, and the taken ones are committed together.
+    """
 
 class GovernorServicer(metaclass=_abc_1.ABCMeta):
     """Every call carries the calling service's token in the metadata key
@@ -84,5 +92,15 @@ class GovernorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_governor_pb2.CompleteResponse, _abc.Awaitable[_governor_pb2.CompleteResponse]]:
         """Pipeline step 14: the outcome of a granted invocation."""
+
+    @_abc_1.abstractmethod
+    def CompleteMany(
+        self,
+        request: _governor_pb2.CompleteManyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governor_pb2.CompleteManyResponse, _abc.Awaitable[_governor_pb2.CompleteManyResponse]]:
+        """Pipeline step 14 for many invocations at once: each report is taken or
+        refused on its own, and the taken ones are committed together.
+        """
 
 def add_GovernorServicer_to_server(servicer: GovernorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

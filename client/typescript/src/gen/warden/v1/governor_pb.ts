@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file warden/v1/governor.proto.
  */
 export const file_warden_v1_governor: GenFile = /*@__PURE__*/
-  fileDesc("Chh3YXJkZW4vdjEvZ292ZXJub3IucHJvdG8SCXdhcmRlbi52MSJGCgVBY3RvchIKCgJpZBgBIAEoCRINCgVyb2xlcxgCIAMoCRIOCgZ0ZW5hbnQYAyABKAkSEgoKYXR0cnNfanNvbhgEIAEoCSKMAgoMQmVnaW5SZXF1ZXN0EhUKDWludm9jYXRpb25faWQYASABKAkSFQoNY2FwYWJpbGl0eV9pZBgCIAEoCRIaChJjYXBhYmlsaXR5X3ZlcnNpb24YAyABKAkSEwoLYWN0b3JfdG9rZW4YBCABKAkSEgoKaW5wdXRfanNvbhgFIAEoCRIPCgdzdXJmYWNlGAYgASgJEhQKDGNvbnRleHRfanNvbhgHIAEoCRITCgthcHByb3ZhbF9pZBgIIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYCSABKAkSDwoHY2FsbF9pZBgKIAEoCRIPCgdhdHRlbXB0GAsgASgNEhIKCnRpbWVvdXRfbXMYDCABKA0iwQEKBUdyYW50Eg0KBXRva2VuGAEgASgJEhoKEmNhcGFiaWxpdHlfdmVyc2lvbhgCIAEoCRISCgppbnB1dF9qc29uGAMgASgJEhQKDGlucHV0X2RpZ2VzdBgEIAEoCRIfCgVhY3RvchgFIAEoCzIQLndhcmRlbi52MS5BY3RvchISCgp0aW1lb3V0X21zGAYgASgNEi4KCmV4cGlyZXNfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wInYKClN1c3BlbnNpb24SIwoHZmFpbHVyZRgBIAEoCzISLndhcmRlbi52MS5GYWlsdXJlEhMKC2FwcHJvdmFsX2lkGAIgASgJEi4KCmV4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIt8BCgZSZXBsYXkSHgoWb3JpZ2luYWxfaW52b2NhdGlvbl9pZBgBIAEoCRIoCgZzdGF0dXMYAiABKA4yGC53YXJkZW4udjEuT3V0Y29tZVN0YXR1cxITCgtvdXRwdXRfanNvbhgDIAEoCRIjCgdmYWlsdXJlGAQgASgLMhIud2FyZGVuLnYxLkZhaWx1cmUSHwoXZXhlY3V0ZWRfYmVmb3JlX2ZhaWx1cmUYBSABKAgSMAoMY29tcGxldGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLmAQoNQmVnaW5SZXNwb25zZRIVCg1pbnZvY2F0aW9uX2lkGAEgASgJEiEKBWdyYW50GAIgASgLMhAud2FyZGVuLnYxLkdyYW50SAASJQoHZmFpbHVyZRgDIAEoCzISLndhcmRlbi52MS5GYWlsdXJlSAASKwoKc3VzcGVuc2lvbhgEIAEoCzIVLndhcmRlbi52MS5TdXNwZW5zaW9uSAASIwoGcmVwbGF5GAYgASgLMhEud2FyZGVuLnYxLlJlcGxheUgAEhcKD3BvbGljeV9yZXZpc2lvbhgFIAEoCUIJCgdvdXRjb21lIkcKC0RpYWdub3N0aWNzEhIKCmNhdXNlX3R5cGUYASABKAkSFQoNY2F1c2VfbWVzc2FnZRgCIAEoCRINCgVzdGFjaxgDIAEoCSKEAgoPQ29tcGxldGVSZXF1ZXN0EhUKDWludm9jYXRpb25faWQYASABKAkSEwoLZ3JhbnRfdG9rZW4YAiABKAkSKAoGc3RhdHVzGAMgASgOMhgud2FyZGVuLnYxLk91dGNvbWVTdGF0dXMSIwoHZmFpbHVyZRgEIAEoCzISLndhcmRlbi52MS5GYWlsdXJlEhMKC291dHB1dF9qc29uGAUgASgJEh8KF2V4ZWN1dGVkX2JlZm9yZV9mYWlsdXJlGAYgASgIEisKC2RpYWdub3N0aWNzGAcgASgLMhYud2FyZGVuLnYxLkRpYWdub3N0aWNzEhMKC2R1cmF0aW9uX21zGAggASgNIiUKEENvbXBsZXRlUmVzcG9uc2USEQoJYXVkaXRfc2VxGAEgASgDKoYBCg1PdXRjb21lU3RhdHVzEh4KGk9VVENPTUVfU1RBVFVTX1VOU1BFQ0lGSUVEEAASHAoYT1VUQ09NRV9TVEFUVVNfU1VDQ0VFREVEEAESGQoVT1VUQ09NRV9TVEFUVVNfRkFJTEVEEAISHAoYT1VUQ09NRV9TVEFUVVNfQ0FOQ0VMTEVEEAMyiwEKCEdvdmVybm9yEjoKBUJlZ2luEhcud2FyZGVuLnYxLkJlZ2luUmVxdWVzdBoYLndhcmRlbi52MS5CZWdpblJlc3BvbnNlEkMKCENvbXBsZXRlEhoud2FyZGVuLnYxLkNvbXBsZXRlUmVxdWVzdBobLndhcmRlbi52MS5Db21wbGV0ZVJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_timestamp, file_warden_v1_errors]);
+  fileDesc("Chh3YXJkZW4vdjEvZ292ZXJub3IucHJvdG8SCXdhcmRlbi52MSJGCgVBY3RvchIKCgJpZBgBIAEoCRINCgVyb2xlcxgCIAMoCRIOCgZ0ZW5hbnQYAyABKAkSEgoKYXR0cnNfanNvbhgEIAEoCSKMAgoMQmVnaW5SZXF1ZXN0EhUKDWludm9jYXRpb25faWQYASABKAkSFQoNY2FwYWJpbGl0eV9pZBgCIAEoCRIaChJjYXBhYmlsaXR5X3ZlcnNpb24YAyABKAkSEwoLYWN0b3JfdG9rZW4YBCABKAkSEgoKaW5wdXRfanNvbhgFIAEoCRIPCgdzdXJmYWNlGAYgASgJEhQKDGNvbnRleHRfanNvbhgHIAEoCRITCgthcHByb3ZhbF9pZBgIIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYCSABKAkSDwoHY2FsbF9pZBgKIAEoCRIPCgdhdHRlbXB0GAsgASgNEhIKCnRpbWVvdXRfbXMYDCABKA0iwQEKBUdyYW50Eg0KBXRva2VuGAEgASgJEhoKEmNhcGFiaWxpdHlfdmVyc2lvbhgCIAEoCRISCgppbnB1dF9qc29uGAMgASgJEhQKDGlucHV0X2RpZ2VzdBgEIAEoCRIfCgVhY3RvchgFIAEoCzIQLndhcmRlbi52MS5BY3RvchISCgp0aW1lb3V0X21zGAYgASgNEi4KCmV4cGlyZXNfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wInYKClN1c3BlbnNpb24SIwoHZmFpbHVyZRgBIAEoCzISLndhcmRlbi52MS5GYWlsdXJlEhMKC2FwcHJvdmFsX2lkGAIgASgJEi4KCmV4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIt8BCgZSZXBsYXkSHgoWb3JpZ2luYWxfaW52b2NhdGlvbl9pZBgBIAEoCRIoCgZzdGF0dXMYAiABKA4yGC53YXJkZW4udjEuT3V0Y29tZVN0YXR1cxITCgtvdXRwdXRfanNvbhgDIAEoCRIjCgdmYWlsdXJlGAQgASgLMhIud2FyZGVuLnYxLkZhaWx1cmUSHwoXZXhlY3V0ZWRfYmVmb3JlX2ZhaWx1cmUYBSABKAgSMAoMY29tcGxldGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLmAQoNQmVnaW5SZXNwb25zZRIVCg1pbnZvY2F0aW9uX2lkGAEgASgJEiEKBWdyYW50GAIgASgLMhAud2FyZGVuLnYxLkdyYW50SAASJQoHZmFpbHVyZRgDIAEoCzISLndhcmRlbi52MS5GYWlsdXJlSAASKwoKc3VzcGVuc2lvbhgEIAEoCzIVLndhcmRlbi52MS5TdXNwZW5zaW9uSAASIwoGcmVwbGF5GAYgASgLMhEud2FyZGVuLnYxLlJlcGxheUgAEhcKD3BvbGljeV9yZXZpc2lvbhgFIAEoCUIJCgdvdXRjb21lIkcKC0RpYWdub3N0aWNzEhIKCmNhdXNlX3R5cGUYASABKAkSFQoNY2F1c2VfbWVzc2FnZRgCIAEoCRINCgVzdGFjaxgDIAEoCSKEAgoPQ29tcGxldGVSZXF1ZXN0EhUKDWludm9jYXRpb25faWQYASABKAkSEwoLZ3JhbnRfdG9rZW4YAiABKAkSKAoGc3RhdHVzGAMgASgOMhgud2FyZGVuLnYxLk91dGNvbWVTdGF0dXMSIwoHZmFpbHVyZRgEIAEoCzISLndhcmRlbi52MS5GYWlsdXJlEhMKC291dHB1dF9qc29uGAUgASgJEh8KF2V4ZWN1dGVkX2JlZm9yZV9mYWlsdXJlGAYgASgIEisKC2RpYWdub3N0aWNzGAcgASgLMhYud2FyZGVuLnYxLkRpYWdub3N0aWNzEhMKC2R1cmF0aW9uX21zGAggASgNIiUKEENvbXBsZXRlUmVzcG9uc2USEQoJYXVkaXRfc2VxGAEgASgDIrQBCg1PdXRjb21lUmVwb3J0EisKB3JlcXVlc3QYASABKAsyGi53YXJkZW4udjEuQ29tcGxldGVSZXF1ZXN0EkEKDXRyYWNlX2NvbnRleHQYAiADKAsyKi53YXJkZW4udjEuT3V0Y29tZVJlcG9ydC5UcmFjZUNvbnRleHRFbnRyeRozChFUcmFjZUNvbnRleHRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkAKE0NvbXBsZXRlTWFueVJlcXVlc3QSKQoHcmVwb3J0cxgBIAMoCzIYLndhcmRlbi52MS5PdXRjb21lUmVwb3J0Ii4KDVJlcG9ydFJlZnVzYWwSDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJIlwKDkNvbXBsZXRlUmVzdWx0EhMKCWF1ZGl0X3NlcRgBIAEoA0gAEisKB3JlZnVzYWwYAiABKAsyGC53YXJkZW4udjEuUmVwb3J0UmVmdXNhbEgAQggKBnJlc3VsdCJCChRDb21wbGV0ZU1hbnlSZXNwb25zZRIqCgdyZXN1bHRzGAEgAygLMhkud2FyZGVuLnYxLkNvbXBsZXRlUmVzdWx0KoYBCg1PdXRjb21lU3RhdHVzEh4KGk9VVENPTUVfU1RBVFVTX1VOU1BFQ0lGSUVEEAASHAoYT1VUQ09NRV9TVEFUVVNfU1VDQ0VFREVEEAESGQoVT1VUQ09NRV9TVEFUVVNfRkFJTEVEEAISHAoYT1VUQ09NRV9TVEFUVVNfQ0FOQ0VMTEVEEAMy3AEKCEdvdmVybm9yEjoKBUJlZ2luEhcud2FyZGVuLnYxLkJlZ2luUmVxdWVzdBoYLndhcmRlbi52MS5CZWdpblJlc3BvbnNlEkMKCENvbXBsZXRlEhoud2FyZGVuLnYxLkNvbXBsZXRlUmVxdWVzdBobLndhcmRlbi52MS5Db21wbGV0ZVJlc3BvbnNlEk8KDENvbXBsZXRlTWFueRIeLndhcmRlbi52MS5Db21wbGV0ZU1hbnlSZXF1ZXN0Gh8ud2FyZGVuLnYxLkNvbXBsZXRlTWFueVJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_timestamp, file_warden_v1_errors]);
 
 /**
  * The verified actor a call is made for, from the claims of its JWT.
@@ -451,6 +451,129 @@ export const CompleteResponseSchema: GenMessage<CompleteResponse> = /*@__PURE__*
   messageDesc(file_warden_v1_governor, 8);
 
 /**
+ * One report of a CompleteMany call.
+ *
+ * @generated from message warden.v1.OutcomeReport
+ */
+export type OutcomeReport = Message<"warden.v1.OutcomeReport"> & {
+  /**
+   * @generated from field: warden.v1.CompleteRequest request = 1;
+   */
+  request?: CompleteRequest | undefined;
+
+  /**
+   * The trace context of the invocation the report ends (W3C "traceparent"
+   * and the like, as they would travel in metadata): its outcome record
+   * carries that invocation's trace id.
+   *
+   * @generated from field: map<string, string> trace_context = 2;
+   */
+  traceContext: { [key: string]: string };
+};
+
+/**
+ * Describes the message warden.v1.OutcomeReport.
+ * Use `create(OutcomeReportSchema)` to create a new message.
+ */
+export const OutcomeReportSchema: GenMessage<OutcomeReport> = /*@__PURE__*/
+  messageDesc(file_warden_v1_governor, 9);
+
+/**
+ * @generated from message warden.v1.CompleteManyRequest
+ */
+export type CompleteManyRequest = Message<"warden.v1.CompleteManyRequest"> & {
+  /**
+   * At most 256 reports; each is handled as Complete handles it alone.
+   *
+   * @generated from field: repeated warden.v1.OutcomeReport reports = 1;
+   */
+  reports: OutcomeReport[];
+};
+
+/**
+ * Describes the message warden.v1.CompleteManyRequest.
+ * Use `create(CompleteManyRequestSchema)` to create a new message.
+ */
+export const CompleteManyRequestSchema: GenMessage<CompleteManyRequest> = /*@__PURE__*/
+  messageDesc(file_warden_v1_governor, 10);
+
+/**
+ * Why the plane did not take one report: what Complete would have answered.
+ *
+ * @generated from message warden.v1.ReportRefusal
+ */
+export type ReportRefusal = Message<"warden.v1.ReportRefusal"> & {
+  /**
+   * The gRPC status code's name, e.g. "NOT_FOUND", "ALREADY_EXISTS", "UNAVAILABLE".
+   *
+   * @generated from field: string code = 1;
+   */
+  code: string;
+
+  /**
+   * @generated from field: string message = 2;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message warden.v1.ReportRefusal.
+ * Use `create(ReportRefusalSchema)` to create a new message.
+ */
+export const ReportRefusalSchema: GenMessage<ReportRefusal> = /*@__PURE__*/
+  messageDesc(file_warden_v1_governor, 11);
+
+/**
+ * @generated from message warden.v1.CompleteResult
+ */
+export type CompleteResult = Message<"warden.v1.CompleteResult"> & {
+  /**
+   * @generated from oneof warden.v1.CompleteResult.result
+   */
+  result: {
+    /**
+     * The sequence number of the outcome's audit record.
+     *
+     * @generated from field: int64 audit_seq = 1;
+     */
+    value: bigint;
+    case: "auditSeq";
+  } | {
+    /**
+     * @generated from field: warden.v1.ReportRefusal refusal = 2;
+     */
+    value: ReportRefusal;
+    case: "refusal";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message warden.v1.CompleteResult.
+ * Use `create(CompleteResultSchema)` to create a new message.
+ */
+export const CompleteResultSchema: GenMessage<CompleteResult> = /*@__PURE__*/
+  messageDesc(file_warden_v1_governor, 12);
+
+/**
+ * @generated from message warden.v1.CompleteManyResponse
+ */
+export type CompleteManyResponse = Message<"warden.v1.CompleteManyResponse"> & {
+  /**
+   * One result per report, in the order of the reports.
+   *
+   * @generated from field: repeated warden.v1.CompleteResult results = 1;
+   */
+  results: CompleteResult[];
+};
+
+/**
+ * Describes the message warden.v1.CompleteManyResponse.
+ * Use `create(CompleteManyResponseSchema)` to create a new message.
+ */
+export const CompleteManyResponseSchema: GenMessage<CompleteManyResponse> = /*@__PURE__*/
+  messageDesc(file_warden_v1_governor, 13);
+
+/**
  * @generated from enum warden.v1.OutcomeStatus
  */
 export enum OutcomeStatus {
@@ -510,6 +633,17 @@ export const Governor: GenService<{
     methodKind: "unary";
     input: typeof CompleteRequestSchema;
     output: typeof CompleteResponseSchema;
+  },
+  /**
+   * Pipeline step 14 for many invocations at once: each report is taken or
+   * refused on its own, and the taken ones are committed together.
+   *
+   * @generated from rpc warden.v1.Governor.CompleteMany
+   */
+  completeMany: {
+    methodKind: "unary";
+    input: typeof CompleteManyRequestSchema;
+    output: typeof CompleteManyResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_warden_v1_governor, 0);
