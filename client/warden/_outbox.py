@@ -49,8 +49,13 @@ log = logging.getLogger("warden")
 
 HEARTBEAT_S: Final = 5.0
 """How often a process says it lives; three missed beats and its reports are taken over."""
-SENDING_AT_ONCE: Final = 64
+SENDING_AT_ONCE: Final = 128
 """Reports in flight to the plane at one time."""
+REPORTS_PER_CALL: Final = 32
+"""Reports sent together in one ``CompleteMany`` call, which the plane commits
+together: what is due goes at once, in calls of at most this many."""
+BYTES_PER_CALL: Final = 512 * 1024
+"""The size of one call's reports at most (a larger report goes alone)."""
 BACKLOG_LIMIT: Final = 2_048
 """Reports this process may hold that the plane has not taken; past it a new
 call waits for room (``Outbox.room``), so a plane that falls behind slows its
@@ -241,6 +246,8 @@ class Outbox:
         self._away_pause = AWAY_PAUSES_S[0]
         self._resume_at = 0.0
         self._probing = False
+        self._one_by_one = False
+        """The plane does not know CompleteMany (an older plane): report by report."""
         self._failures: dict[str, int] = {}
         self._taken: list[str] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -378,29 +385,99 @@ class Outbox:
             return
         limit = 1 if self._probing else SENDING_AT_ONCE
         while self._due and self._sending < limit:
-            self._sending += 1
-            self._spawn(self._send(self._due.popleft()))
+            batch = self._next_batch(limit - self._sending)
+            self._sending += len(batch)
+            self._spawn(self._send(batch, many=not self._one_by_one))
 
-    async def _send(self, report: _Report) -> None:
-        invocation_id = report.invocation_id
-        request = governor_pb2.CompleteRequest.FromString(report.request)
+    def _next_batch(self, room: int) -> list[_Report]:
+        """The due reports for one call: up to ``REPORTS_PER_CALL`` of them and
+        ``BYTES_PER_CALL`` bytes (one at a time to a plane without CompleteMany)."""
+        most = 1 if self._one_by_one else min(room, REPORTS_PER_CALL)
+        batch = [self._due.popleft()]
+        size = len(batch[0].request)
+        while self._due and len(batch) < most:
+            size += len(self._due[0].request)
+            if size > BYTES_PER_CALL:
+                break
+            batch.append(self._due.popleft())
+        return batch
+
+    async def _send(self, batch: list[_Report], *, many: bool) -> None:
         try:
-            await self._transport.complete(request, report.trace)
-        except CapabilityError as error:
+            answers = await self._answers(batch, many=many)
+        except CapabilityError as error:  # the call as a whole
             cause = error.cause
             code = cause.code if isinstance(cause, PlaneRefusedError) else "UNKNOWN"
-            if code in _AWAY:
-                self._due.appendleft(report)
-                self._plane_away()
-            elif code in _REFUSED:
-                self._refused(invocation_id, str(cause))
+            if many and code == "UNIMPLEMENTED":
+                self._one_by_one = True  # an older plane: it still takes Complete
+                self._due.extendleft(reversed(batch))
             else:
-                self._retry_later(report, str(cause))
+                answers = [(code, str(cause))] * len(batch)
+                self._settle_answers(batch, answers)
         else:
-            self._took(invocation_id)
+            self._settle_answers(batch, answers)
         finally:
-            self._sending -= 1
+            self._sending -= len(batch)
         self._pump()
+
+    async def _answers(self, batch: list[_Report], *, many: bool) -> list[tuple[str, str] | None]:
+        """Send ``batch`` (in one CompleteMany call, or its one report by
+        Complete); the plane's answer to each report: None when it took it,
+        else the status code's name and what it said.
+
+        Raises:
+            CapabilityError: the call failed as a whole.
+        """
+        if not many:
+            (report,) = batch
+            request = governor_pb2.CompleteRequest.FromString(report.request)
+            await self._transport.complete(request, report.trace)
+            return [None]
+        response = await self._transport.complete_many(
+            [
+                governor_pb2.OutcomeReport(
+                    request=governor_pb2.CompleteRequest.FromString(report.request),
+                    trace_context=dict(report.trace),
+                )
+                for report in batch
+            ]
+        )
+        if len(response.results) != len(batch):
+            raise CapabilityError(
+                "GOVERNANCE_UNAVAILABLE",
+                cause=PlaneRefusedError(
+                    "UNKNOWN",
+                    f"answered {len(response.results)} results for {len(batch)} reports",
+                    self._transport.target,
+                ),
+            )
+        return [
+            None
+            if result.WhichOneof("result") == "audit_seq"
+            else (
+                result.refusal.code,
+                f"{self._transport.target} answered {result.refusal.code}: "
+                f"{result.refusal.message}",
+            )
+            for result in response.results
+        ]
+
+    def _settle_answers(self, batch: list[_Report], answers: list[tuple[str, str] | None]) -> None:
+        away: list[_Report] = []
+        for report, answer in zip(batch, answers, strict=True):
+            if answer is None:
+                self._took(report.invocation_id)
+                continue
+            code, said = answer
+            if code in _AWAY:
+                away.append(report)
+            elif code in _REFUSED:
+                self._refused(report.invocation_id, said)
+            else:
+                self._retry_later(report, said)
+        if away:
+            self._due.extendleft(reversed(away))  # first in line, in their order
+            self._plane_away()
 
     def _plane_away(self) -> None:
         if self._loop.time() < self._resume_at:

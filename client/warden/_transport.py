@@ -120,6 +120,18 @@ class Transport:
             )
         )
 
+    async def complete_many(
+        self, reports: list[governor_pb2.OutcomeReport]
+    ) -> governor_pb2.CompleteManyResponse:
+        """CompleteMany: each report carries its own invocation's trace context."""
+        stubs = self._for_loop()
+        request = governor_pb2.CompleteManyRequest(reports=reports)
+        return await self._governed(
+            lambda: stubs.governor.CompleteMany(
+                request, metadata=self._metadata, timeout=self._timeout_s
+            )
+        )
+
     async def register(
         self, request: registry_pb2.RegisterRequest
     ) -> registry_pb2.RegisterResponse:

@@ -1,0 +1,117 @@
+"""The outbox sends the reports due together in one CompleteMany call, which
+the plane commits together, and reports one by one to a plane without it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+import pytest
+
+import warden
+from tests.conftest import ORDERS_TOKEN, Plant
+from tests.integration.lab import Lab, build_lab
+from warden_server.telemetry.metrics import Metrics
+
+CALLS = 40
+COMPLETE = "warden.v1.Governor/Complete"
+COMPLETE_MANY = "warden.v1.Governor/CompleteMany"
+
+
+def calls_of(metrics: Metrics, method: str) -> float:
+    total = 0.0
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if (
+                sample.name == "warden_rpc_duration_seconds_count"
+                and sample.labels.get("method") == method
+            ):
+                total += sample.value
+    return total
+
+
+async def invoke_at_once(rt: warden.Runtime, token: str, calls: int) -> list[warden.Envelope]:
+    return list(
+        await asyncio.gather(
+            *(rt.ainvoke("orders.echo", {"n": n}, actor=token) for n in range(calls))
+        )
+    )
+
+
+@pytest.mark.single_process  # counts the calls one process's metrics saw
+def test_reports_due_together_are_sent_in_few_calls_and_each_is_recorded_once(
+    lab_plant: Plant, lab: Lab
+) -> None:
+    metrics = lab_plant.server.plane.telemetry.metrics
+    rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
+    try:
+        rt.register()
+        envelopes = asyncio.run(invoke_at_once(rt, lab_plant.token(), CALLS))
+        assert rt.flush(timeout_ms=10_000) == 0
+    finally:
+        rt.close()
+    assert [e.status for e in envelopes] == ["succeeded"] * CALLS
+    for envelope in envelopes:
+        (outcome,) = lab_plant.events(kind="outcome", invocation_id=envelope.invocation_id)
+        (decision,) = lab_plant.events(kind="decision", invocation_id=envelope.invocation_id)
+        # Each report carried its own invocation's trace through the batch.
+        assert outcome["trace_id"] == decision["trace_id"] is not None
+    assert calls_of(metrics, COMPLETE) == 0
+    assert 1 <= calls_of(metrics, COMPLETE_MANY) < CALLS
+
+
+@contextmanager
+def older_plane(plane_target: str) -> Iterator[str]:
+    """A plane from before CompleteMany: every call goes through to the real
+    plane, except CompleteMany, which it does not know (UNIMPLEMENTED)."""
+    channel = grpc.insecure_channel(plane_target)
+
+    def forward(method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        upstream = channel.unary_unary(method)
+
+        def call(request: bytes, context: grpc.ServicerContext) -> bytes:
+            if method == "/" + COMPLETE_MANY:
+                context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+            try:
+                answer: bytes = upstream(request, metadata=context.invocation_metadata())
+            except grpc.RpcError as error:
+                context.abort(error.code(), error.details() or "")
+            return answer
+
+        return grpc.unary_unary_rpc_method_handler(call)
+
+    class Forwarding(grpc.GenericRpcHandler):
+        def service(
+            self, handler_call_details: grpc.HandlerCallDetails
+        ) -> grpc.RpcMethodHandler[Any, Any] | None:
+            return forward(handler_call_details.method)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server.add_generic_rpc_handlers((Forwarding(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None)
+        channel.close()
+
+
+def test_a_plane_without_complete_many_gets_every_report_one_by_one(
+    lab_plant: Plant, lab: Lab, start_plane: Callable[..., Plant]
+) -> None:
+    with older_plane(lab_plant.target) as target:
+        rt = build_lab(target, ORDERS_TOKEN, lab)
+        try:
+            rt.register()
+            envelopes = asyncio.run(invoke_at_once(rt, lab_plant.token(), 10))
+            assert rt.flush(timeout_ms=10_000) == 0
+        finally:
+            rt.close()
+    assert [e.status for e in envelopes] == ["succeeded"] * 10
+    for envelope in envelopes:
+        assert len(lab_plant.events(kind="outcome", invocation_id=envelope.invocation_id)) == 1
