@@ -163,20 +163,30 @@ def test_the_reports_of_one_call_are_committed_in_one_batch(metered_plant: Plant
     assert all(isinstance(a, int) for a in answers)
     assert sorted(answers) == [r["seq"] for r in metered_plant.events(kind="outcome")]
     assert large_batches(metered_plant) == large + 1
+    # The telemetry interceptor observes the call as it does every RPC.
+    calls = {"method": "warden.v1.Governor/CompleteMany", "code": "OK"}
+    assert samples(metered_plant, "warden_rpc_duration_seconds_count", **calls) == [1.0]
+
+
+def samples(plant: Plant, name: str, **labels: str) -> list[float]:
+    """The values of a metric's samples with these labels, from every process."""
+    url = f"http://127.0.0.1:{plant.server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as page:
+        text = page.read().decode()
+    return [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    ]
 
 
 def large_batches(plant: Plant) -> float:
     """How many batches committed more than 16 transactions, in every process."""
-    url = f"http://127.0.0.1:{plant.server.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as page:
-        text = page.read().decode()
-    buckets = {
-        s.labels["le"]: s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "warden_audit_commit_batch_size_bucket"
-    }
-    return buckets["+Inf"] - buckets["16.0"]
+    bucket = "warden_audit_commit_batch_size_bucket"
+    (everything,) = samples(plant, bucket, le="+Inf")
+    (up_to_16,) = samples(plant, bucket, le="16.0")
+    return everything - up_to_16
 
 
 def traceparent() -> tuple[str, dict[str, str]]:
