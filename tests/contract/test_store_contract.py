@@ -121,6 +121,32 @@ def test_work_that_raises_is_undone_alone(store: Store) -> None:
     assert verify(store).ok
 
 
+def test_transact_each_commits_the_works_together_and_a_failure_is_undone_alone(
+    store: Store,
+) -> None:
+    def fails(tx: WriteTransaction) -> int:
+        tx.append_audit(decision(2))
+        raise ValueError("no")
+
+    def appends(n: int) -> Callable[[WriteTransaction], int]:
+        return lambda tx: tx.append_audit(decision(n))
+
+    before = store.batches_committed  # type: ignore[attr-defined]
+    results = store.transact_each([appends(1), fails, appends(3)])
+    assert store.batches_committed == before + 1  # type: ignore[attr-defined]
+    assert results[0] == 1 and results[2] == 2, "the failed one left no gap"
+    assert isinstance(results[1], ValueError)
+    assert [r["invocation_id"] for r in store.audit_records()] == ["inv-1", "inv-3"]
+    assert verify(store).ok
+
+
+def test_transact_each_past_its_deadline_runs_none(store: Store) -> None:
+    results = store.transact_each([lambda tx: tx.append_audit(decision(1))] * 2, deadline=0.0)
+    assert [type(r) for r in results] == [StoreError, StoreError]
+    assert store.transact_each([]) == []
+    assert store.last_seq() == 0
+
+
 def test_work_past_its_deadline_never_runs(store: Store) -> None:
     with pytest.raises(StoreError, match="deadline"):
         store.transact(lambda tx: tx.append_audit(decision(1)), deadline=0.0)

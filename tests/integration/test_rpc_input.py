@@ -176,6 +176,21 @@ RPCS: list[tuple[str, Callable[[Stubs], Callable[..., Any]], Any]] = [
             status=governor_pb2.OUTCOME_STATUS_SUCCEEDED,
         ),
     ),
+    (
+        "CompleteMany",
+        lambda s: s.governor.CompleteMany,
+        governor_pb2.CompleteManyRequest(
+            reports=[
+                governor_pb2.OutcomeReport(
+                    request=governor_pb2.CompleteRequest(
+                        invocation_id=str(uuid.uuid4()),
+                        grant_token="x",
+                        status=governor_pb2.OUTCOME_STATUS_SUCCEEDED,
+                    )
+                )
+            ]
+        ),
+    ),
 ]
 
 

@@ -75,3 +75,17 @@ def test_transactions_that_wait_commit_together_and_a_failure_is_undone_alone(
         assert verify(store).ok
     finally:
         store.close()
+
+
+def test_the_works_of_one_transact_each_are_never_split_between_batches(tmp_path: Path) -> None:
+    batches = Batches()
+    store = SQLiteStore(tmp_path / "audit.db", max_batch=2, observer=batches)
+    statuses = [f"t{i}" for i in range(5)]
+    try:
+        results = store.transact_each(
+            [lambda tx, s=s: tx.append_audit(AuditEvent(kind="policy", status=s)) for s in statuses]
+        )
+        assert results == [1, 2, 3, 4, 5]
+        assert batches.seen == [(5, statuses)]
+    finally:
+        store.close()

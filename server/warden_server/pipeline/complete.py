@@ -10,13 +10,22 @@ record the first one made, and nothing is written twice; a different report
 for an invocation already completed is a conflict. Which report completed an
 invocation is decided in the store's write transaction, not by a read before
 it, so this holds between the processes of a plane too.
+
+Many reports (``CompleteMany``) are each checked and read as one alone, and
+the writes of those that pass are committed together (``complete_all``): one
+commit for all of them, each still answered as ``complete`` answers it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Final
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
 
 from warden.shared.canonical import canonical_json, compact_json, digest, strict_loads
 from warden.shared.codes import STAGES
@@ -60,10 +69,23 @@ class CompleteRequest:
     duration_ms: int
     deadline: float = math.inf
     """When the plane stops working on this request (``time.monotonic()``)."""
+    trace_context: Mapping[str, str] | None = None
+    """The trace of the invocation the report ends, as metadata carries it (W3C
+    ``traceparent``): its outcome record carries that trace id. None: the
+    record carries the current trace's (that of the call the report came in)."""
 
 
 class _AlreadyCompleted(Exception):
     """Another report completed the invocation first (its work is rolled back)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Report:
+    """A report checked and read, its write ready for the store."""
+
+    invocation_id: str
+    digest: str
+    work: Callable[[WriteTransaction], int]
 
 
 def complete(plane: Plane, request: CompleteRequest) -> int:
@@ -76,6 +98,71 @@ def complete(plane: Plane, request: CompleteRequest) -> int:
         NotFound: no such granted invocation.
         Conflict: another outcome was already reported.
     """
+    (answer,) = complete_all(plane, [request])
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
+
+
+def complete_all(plane: Plane, requests: Sequence[CompleteRequest]) -> list[int | Exception]:
+    """Append the outcome records of many reports, committed together: one
+    answer per report, in order, each what ``complete`` answers for it alone
+    (the sequence number, or the exception it raises).
+
+    Each report is checked and read on its own; the writes of those that pass
+    go to the store at once (``Store.transact_each``), by the earliest deadline
+    among the reports.
+    """
+    prepared = [_prepared(plane, request) for request in requests]
+    reports = [p for p in prepared if isinstance(p, _Report)]
+    deadline = min((r.deadline for r in requests), default=math.inf)
+    written = iter(plane.store.transact_each([r.work for r in reports], deadline=deadline))
+    return [_answer(plane, p, next(written)) if isinstance(p, _Report) else p for p in prepared]
+
+
+def _prepared(plane: Plane, request: CompleteRequest) -> int | Exception | _Report:
+    """The report checked and ready to write; or its answer without a write (a
+    repeated report), or the exception that refuses it."""
+    try:
+        with _trace_of(request):
+            return _prepare(plane, request)
+    except Exception as exc:
+        return exc
+
+
+def _answer(plane: Plane, report: _Report, written: int | BaseException) -> int | Exception:
+    """A report's answer from what its write did."""
+    if isinstance(written, _AlreadyCompleted):
+        try:
+            completed = plane.store.get_invocation(report.invocation_id)
+            assert completed is not None
+            return _repeated(completed, report.digest)
+        except Exception as exc:
+            return exc
+    if isinstance(written, Exception):
+        return written
+    if isinstance(written, BaseException):
+        raise written
+    return written
+
+
+@contextmanager
+def _trace_of(request: CompleteRequest) -> Iterator[None]:
+    """The report's own trace made current while its outcome record is built,
+    which takes its trace id from there."""
+    if request.trace_context is None:
+        yield
+        return
+    token = otel_context.attach(propagate.extract(dict(request.trace_context)))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def _prepare(plane: Plane, request: CompleteRequest) -> int | _Report:
+    """Check a report and read what its write needs (raising what ``complete``
+    raises); the answer at once for a report already recorded."""
     _check_shape(request)
     try:
         claims = plane.grants.verify(request.grant_token, verify_expiry=False)
@@ -157,12 +244,7 @@ def complete(plane: Plane, request: CompleteRequest) -> int:
             _settle(tx, reservation, request, completed_at, sealed)
         return seq
 
-    try:
-        return plane.store.transact(work, deadline=request.deadline)
-    except _AlreadyCompleted:
-        completed = plane.store.get_invocation(invocation.invocation_id)
-        assert completed is not None
-        return _repeated(completed, report)
+    return _Report(invocation.invocation_id, report, work)
 
 
 def report_digest(request: CompleteRequest) -> str:

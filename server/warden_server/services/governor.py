@@ -1,8 +1,10 @@
-"""The Governor servicer: Begin and Complete."""
+"""The Governor servicer: Begin, Complete and CompleteMany."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Final
 
 import grpc
 
@@ -17,12 +19,20 @@ from warden_server.pipeline.begin import (
     reject,
     rejection,
 )
-from warden_server.pipeline.complete import CompleteRequest, OutcomeFailure, complete
+from warden_server.pipeline.complete import (
+    CompleteRequest,
+    OutcomeFailure,
+    complete,
+    complete_all,
+)
 from warden_server.pipeline.context import BeginRequest
 from warden_server.plane import Plane
 from warden_server.registry import recorded_capability_id
 from warden_server.services import convert
-from warden_server.services.status import rpc
+from warden_server.services.status import refusal_of, rpc
+
+MAX_REPORTS: Final = 256
+"""The most outcome reports one CompleteMany call carries."""
 
 
 def calling_service(plane: Plane, context: grpc.ServicerContext) -> Service:
@@ -108,40 +118,44 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
         self, request: governor_pb2.CompleteRequest, context: grpc.ServicerContext
     ) -> governor_pb2.CompleteResponse:
         service = calling_service(self._plane, context)
-        status = convert.OUTCOME_STATUSES.get(request.status)
-        if status is None:
-            raise InvalidRequest("status must be SUCCEEDED, FAILED or CANCELLED")
-        failure = None
-        if request.HasField("failure"):
-            f = request.failure
-            failure = OutcomeFailure(
-                code=f.code,
-                stage=f.stage,
-                public_message=f.public_message,
-                retryable=f.retryable,
-                exposed=f.exposed,
-                details=convert.details_of(
-                    f.details_json, self._plane.config.limits.max_context_bytes
-                ),
-            )
-        seq = complete(
-            self._plane,
-            CompleteRequest(
-                service=service,
-                invocation_id=request.invocation_id,
-                grant_token=request.grant_token,
-                status=status,
-                failure=failure,
-                output_json=request.output_json,
-                executed_before_failure=request.executed_before_failure,
-                cause_type=request.diagnostics.cause_type,
-                cause_message=request.diagnostics.cause_message,
-                stack=request.diagnostics.stack,
-                duration_ms=request.duration_ms,
-                deadline=_deadline(self._plane, context),
-            ),
+        decoded = _decode_complete(
+            request, service, self._plane.config, _deadline(self._plane, context)
         )
-        return governor_pb2.CompleteResponse(audit_seq=seq)
+        return governor_pb2.CompleteResponse(audit_seq=complete(self._plane, decoded))
+
+    @rpc
+    def CompleteMany(
+        self, request: governor_pb2.CompleteManyRequest, context: grpc.ServicerContext
+    ) -> governor_pb2.CompleteManyResponse:
+        service = calling_service(self._plane, context)
+        if len(request.reports) > MAX_REPORTS:
+            raise InvalidRequest(
+                f"a call carries at most {MAX_REPORTS} reports, not {len(request.reports)}"
+            )
+        deadline = _deadline(self._plane, context)
+        decoded: list[CompleteRequest | Exception] = []
+        for report in request.reports:
+            try:
+                decoded.append(
+                    _decode_complete(
+                        report.request,
+                        service,
+                        self._plane.config,
+                        deadline,
+                        trace_context=dict(report.trace_context),
+                    )
+                )
+            except Exception as exc:
+                decoded.append(exc)
+        taken = iter(
+            complete_all(self._plane, [d for d in decoded if isinstance(d, CompleteRequest)])
+        )
+        return governor_pb2.CompleteManyResponse(
+            results=[
+                _complete_result(next(taken) if isinstance(d, CompleteRequest) else d)
+                for d in decoded
+            ]
+        )
 
 
 def _deadline(plane: Plane, context: grpc.ServicerContext) -> float:
@@ -152,6 +166,56 @@ def _deadline(plane: Plane, context: grpc.ServicerContext) -> float:
     if remaining is not None:
         budget = min(budget, remaining)
     return time.monotonic() + budget
+
+
+def _decode_complete(
+    request: governor_pb2.CompleteRequest,
+    service: Service,
+    config: Config,
+    deadline: float,
+    *,
+    trace_context: Mapping[str, str] | None = None,
+) -> CompleteRequest:
+    status = convert.OUTCOME_STATUSES.get(request.status)
+    if status is None:
+        raise InvalidRequest("status must be SUCCEEDED, FAILED or CANCELLED")
+    failure = None
+    if request.HasField("failure"):
+        f = request.failure
+        failure = OutcomeFailure(
+            code=f.code,
+            stage=f.stage,
+            public_message=f.public_message,
+            retryable=f.retryable,
+            exposed=f.exposed,
+            details=convert.details_of(f.details_json, config.limits.max_context_bytes),
+        )
+    return CompleteRequest(
+        service=service,
+        invocation_id=request.invocation_id,
+        grant_token=request.grant_token,
+        status=status,
+        failure=failure,
+        output_json=request.output_json,
+        executed_before_failure=request.executed_before_failure,
+        cause_type=request.diagnostics.cause_type,
+        cause_message=request.diagnostics.cause_message,
+        stack=request.diagnostics.stack,
+        duration_ms=request.duration_ms,
+        deadline=deadline,
+        trace_context=trace_context,
+    )
+
+
+def _complete_result(answer: int | Exception) -> governor_pb2.CompleteResult:
+    """One report's answer: its record's sequence number, or what Complete
+    would have refused it with."""
+    if isinstance(answer, Exception):
+        code, message = refusal_of(answer, "CompleteMany")
+        return governor_pb2.CompleteResult(
+            refusal=governor_pb2.ReportRefusal(code=code.name, message=message)
+        )
+    return governor_pb2.CompleteResult(audit_seq=answer)
 
 
 def _decode_begin(

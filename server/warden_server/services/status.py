@@ -84,13 +84,20 @@ def stream_rpc(
 def _abort_for(context: grpc.ServicerContext, exc: Exception, method: str) -> NoReturn:
     if isinstance(exc, RateLimited):
         context.set_trailing_metadata(((RETRY_AFTER_METADATA, str(exc.retry_after_ms)),))
+    abort(context, *refusal_of(exc, method))
+
+
+def refusal_of(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
+    """The status and message that answer ``exc`` raised in ``method``: a
+    designed error says itself; a store failure or anything unexpected is
+    logged here and answered with a generic message, never its own text."""
     if isinstance(exc, RequestError | ServiceAuthenticationError | AuthenticationError):
-        abort(context, status_of(exc), str(exc))
+        return status_of(exc), str(exc)
     if isinstance(exc, StoreError):
         log.error("store unavailable in %s: %s", method, exc)
-        abort(context, grpc.StatusCode.UNAVAILABLE, "the governance store is unavailable")
-    log.exception("unexpected error in %s", method)
-    abort(context, grpc.StatusCode.INTERNAL, "internal error in the governance plane")
+        return grpc.StatusCode.UNAVAILABLE, "the governance store is unavailable"
+    log.error("unexpected error in %s", method, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, "internal error in the governance plane"
 
 
 def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:

@@ -7,6 +7,7 @@ commits together; readers depend on the interface of their concern only.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
 from warden_server.records.checkpoint import Checkpoint
@@ -23,6 +24,15 @@ from warden_server.store.records import (
 )
 
 T = TypeVar("T")
+
+
+def outcomes(futures: Sequence[Future[T]]) -> list[T | BaseException]:
+    """Each future's result, or the exception it ended with, in order, once all are done."""
+    done: list[T | BaseException] = []
+    for future in futures:
+        failure = future.exception()
+        done.append(future.result() if failure is None else failure)
+    return done
 
 
 class StoreError(Exception):
@@ -310,6 +320,19 @@ class Store(
         commit); each one's work is isolated, so one failing undoes only itself.
         Work that has not started by ``deadline`` (``time.monotonic()``) never
         runs: ``StoreError`` is raised instead.
+        """
+        ...
+
+    def transact_each(
+        self, works: Sequence[Callable[[WriteTransaction], T]], *, deadline: float | None = None
+    ) -> list[T | BaseException]:
+        """Run each of ``works`` in a write transaction of its own, all handed to
+        the writer at once so that they commit together, and return once they are
+        durable: each one's result, or the exception it raised, in order.
+
+        Each work is isolated as in ``transact``: one failing undoes only itself.
+        A work that has not started by ``deadline`` never runs and answers
+        ``StoreError``; so does every work when the store cannot commit.
         """
         ...
 

@@ -42,7 +42,7 @@ from warden_server.records.checkpoint import Checkpoint
 from warden_server.records.events import COLUMNS, AuditEvent
 from warden_server.records.query import EVERYTHING, Page, PageRequest, RecordFilter, Scope
 from warden_server.store import audit_sql, replica_sql
-from warden_server.store.base import StoreError, StoreObserver
+from warden_server.store.base import StoreError, StoreObserver, outcomes
 from warden_server.store.integrity import SEALED_TABLES, IntegrityKeyMissing, RowSeal, TamperedRow
 from warden_server.store.pg_schema import migrate
 from warden_server.store.records import (
@@ -520,9 +520,19 @@ class PostgresStore:
         if self._closed:
             raise StoreError("the store is closed")
         job = _Job(work, deadline)
-        self._queue.put(job)
+        self._queue.put([job])
         result: T = job.future.result()
         return result
+
+    def transact_each(
+        self, works: Sequence[Callable[[PostgresTransaction], T]], *, deadline: float | None = None
+    ) -> list[T | BaseException]:
+        if self._closed:
+            raise StoreError("the store is closed")
+        jobs = [_Job(work, deadline) for work in works]
+        if jobs:
+            self._queue.put(jobs)
+        return outcomes([job.future for job in jobs])
 
     def _report(self, tampered: TamperedRow) -> None:
         key = (tampered.table, tampered.key)
@@ -532,14 +542,14 @@ class PostgresStore:
         log.error("%s: refused, not used", tampered)
         event = AuditEvent(kind="integrity", status="tampered", reason=str(tampered))
         if not self._closed:
-            self._queue.put(_Job(lambda tx: tx.append_audit(event), None))
+            self._queue.put([_Job(lambda tx: tx.append_audit(event), None)])
 
     def _run_writer(self) -> None:
         while True:
             first = self._queue.get()
             if first is _STOP:
                 break
-            batch: list[_Job] = [first]
+            batch: list[_Job] = list(first)
             stop_after = False
             while len(batch) < self._max_batch:
                 try:
@@ -549,7 +559,7 @@ class PostgresStore:
                 if item is _STOP:
                     stop_after = True
                     break
-                batch.append(item)
+                batch.extend(item)
             self._commit_batch(batch)
             if stop_after:
                 break

@@ -4,7 +4,9 @@ One thread owns the write connection. Callers hand it work through a queue;
 it takes everything waiting, runs each piece of work inside its own SAVEPOINT
 of one transaction, and commits once (``synchronous=FULL``), so many
 concurrent requests' audit records become durable with a single fsync. A
-piece of work that raises is rolled back to its savepoint alone.
+piece of work that raises is rolled back to its savepoint alone. The works
+of one ``transact_each`` reach the queue as one item, so they are never split
+between batches (a batch may pass ``max_batch`` by such a group).
 
 The chain head is read inside each batch's write transaction, so another
 process writing to the same file (``warden audit prune`` beside a running
@@ -34,7 +36,7 @@ from warden_server.records.checkpoint import Checkpoint
 from warden_server.records.events import COLUMNS, AuditEvent
 from warden_server.records.query import EVERYTHING, Page, PageRequest, RecordFilter, Scope
 from warden_server.store import audit_sql, replica_sql
-from warden_server.store.base import StoreError, StoreObserver, StoreUnreadable
+from warden_server.store.base import StoreError, StoreObserver, StoreUnreadable, outcomes
 from warden_server.store.integrity import SEALED_TABLES, RowSeal, TamperedRow
 from warden_server.store.migrations import ROW_MACS_SINCE, migrate
 from warden_server.store.records import (
@@ -450,9 +452,19 @@ class SQLiteStore:
         if self._closed:
             raise StoreError("the store is closed")
         job = _Job(work, deadline)
-        self._queue.put(job)
+        self._queue.put([job])
         result: T = job.future.result()
         return result
+
+    def transact_each(
+        self, works: Sequence[Callable[[SQLiteTransaction], T]], *, deadline: float | None = None
+    ) -> list[T | BaseException]:
+        if self._closed:
+            raise StoreError("the store is closed")
+        jobs = [_Job(work, deadline) for work in works]
+        if jobs:
+            self._queue.put(jobs)
+        return outcomes([job.future for job in jobs])
 
     # -- integrity of the rows that decide ---------------------------------
 
@@ -491,7 +503,7 @@ class SQLiteStore:
         event = AuditEvent(kind="integrity", status="tampered", reason=str(tampered))
         if not self._closed:
             # Recorded by the writer's next batch; the caller does not wait for it.
-            self._queue.put(_Job(lambda tx: tx.append_audit(event), None))
+            self._queue.put([_Job(lambda tx: tx.append_audit(event), None)])
 
     def tampered_rows(self) -> list[str]:
         """Every row of the tables that decide whose MAC does not hold, described."""
@@ -521,7 +533,7 @@ class SQLiteStore:
             first = self._queue.get()
             if first is _STOP:
                 break
-            batch: list[_Job] = [first]
+            batch: list[_Job] = list(first)
             stop_after = False
             while len(batch) < self._max_batch:
                 try:
@@ -531,7 +543,7 @@ class SQLiteStore:
                 if item is _STOP:
                     stop_after = True
                     break
-                batch.append(item)
+                batch.extend(item)
             self._commit_batch(conn, tx, batch)
             if stop_after:
                 break
