@@ -49,13 +49,17 @@ log = logging.getLogger("warden")
 
 HEARTBEAT_S: Final = 5.0
 """How often a process says it lives; three missed beats and its reports are taken over."""
-SENDING_AT_ONCE: Final = 128
-"""Reports in flight to the plane at one time."""
-REPORTS_PER_CALL: Final = 32
-"""Reports sent together in one ``CompleteMany`` call, which the plane commits
-together: what is due goes at once, in calls of at most this many."""
+CALLS_AT_ONCE: Final = 4
+"""``CompleteMany`` calls in flight to the plane at one time. While they are,
+the reports that come due wait and go together in the next call: a report is
+sent at once when the plane keeps up, and in ever larger calls (each committed
+by the plane in one transaction) when it does not."""
+REPORTS_PER_CALL: Final = 64
+"""Reports in one ``CompleteMany`` call at most."""
 BYTES_PER_CALL: Final = 512 * 1024
 """The size of one call's reports at most (a larger report goes alone)."""
+SENDING_AT_ONCE: Final = 64
+"""Reports in flight at one time to a plane without ``CompleteMany``, one per call."""
 BACKLOG_LIMIT: Final = 2_048
 """Reports this process may hold that the plane has not taken; past it a new
 call waits for room (``Outbox.room``), so a plane that falls behind slows its
@@ -243,6 +247,7 @@ class Outbox:
         self._loop = asyncio.new_event_loop()
         self._due: deque[_Report] = deque()
         self._sending = 0
+        """Calls in flight."""
         self._away_pause = AWAY_PAUSES_S[0]
         self._resume_at = 0.0
         self._probing = False
@@ -383,16 +388,18 @@ class Outbox:
         at a time probes whether it is back."""
         if self._loop.time() < self._resume_at:
             return
-        limit = 1 if self._probing else SENDING_AT_ONCE
+        limit = SENDING_AT_ONCE if self._one_by_one else CALLS_AT_ONCE
+        if self._probing:
+            limit = 1
         while self._due and self._sending < limit:
-            batch = self._next_batch(limit - self._sending)
-            self._sending += len(batch)
-            self._spawn(self._send(batch, many=not self._one_by_one))
+            self._sending += 1
+            self._spawn(self._send(self._next_batch(), many=not self._one_by_one))
 
-    def _next_batch(self, room: int) -> list[_Report]:
+    def _next_batch(self) -> list[_Report]:
         """The due reports for one call: up to ``REPORTS_PER_CALL`` of them and
-        ``BYTES_PER_CALL`` bytes (one at a time to a plane without CompleteMany)."""
-        most = 1 if self._one_by_one else min(room, REPORTS_PER_CALL)
+        ``BYTES_PER_CALL`` bytes (one to a plane without CompleteMany, or while
+        probing whether the plane is back)."""
+        most = 1 if self._one_by_one or self._probing else REPORTS_PER_CALL
         batch = [self._due.popleft()]
         size = len(batch[0].request)
         while self._due and len(batch) < most:
@@ -417,7 +424,7 @@ class Outbox:
         else:
             self._settle_answers(batch, answers)
         finally:
-            self._sending -= len(batch)
+            self._sending -= 1
         self._pump()
 
     async def _answers(self, batch: list[_Report], *, many: bool) -> list[tuple[str, str] | None]:

@@ -35,10 +35,10 @@ def calls_of(metrics: Metrics, method: str) -> float:
 
 
 async def invoke_at_once(rt: warden.Runtime, token: str, calls: int) -> list[warden.Envelope]:
+    # Inputs the lab's rules allow: not 13 or 42, at most 100.
+    allowed = [n for n in range(100) if n not in (13, 42)][:calls]
     return list(
-        await asyncio.gather(
-            *(rt.ainvoke("orders.echo", {"n": n}, actor=token) for n in range(calls))
-        )
+        await asyncio.gather(*(rt.ainvoke("orders.echo", {"n": n}, actor=token) for n in allowed))
     )
 
 
