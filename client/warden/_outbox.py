@@ -54,8 +54,8 @@ CALLS_AT_ONCE: Final = 4
 the reports that come due wait and go together in the next call: a report is
 sent at once when the plane keeps up, and in ever larger calls (each committed
 by the plane in one transaction) when it does not."""
-REPORTS_PER_CALL: Final = 64
-"""Reports in one ``CompleteMany`` call at most."""
+REPORTS_PER_CALL: Final = 256
+"""Reports in one ``CompleteMany`` call at most (what the plane takes in one call)."""
 BYTES_PER_CALL: Final = 512 * 1024
 """The size of one call's reports at most (a larger report goes alone)."""
 SENDING_AT_ONCE: Final = 64
