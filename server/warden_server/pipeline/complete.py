@@ -124,7 +124,7 @@ def _prepared(plane: Plane, request: CompleteRequest) -> int | Exception | _Repo
     """The report checked and ready to write; or its answer without a write (a
     repeated report), or the exception that refuses it."""
     try:
-        with _trace_of(request):
+        with _trace_of(plane, request):
             return _prepare(plane, request)
     except Exception as exc:
         return exc
@@ -147,13 +147,24 @@ def _answer(plane: Plane, report: _Report, written: int | BaseException) -> int 
 
 
 @contextmanager
-def _trace_of(request: CompleteRequest) -> Iterator[None]:
-    """The report's own trace made current while its outcome record is built,
-    which takes its trace id from there."""
+def _trace_of(plane: Plane, request: CompleteRequest) -> Iterator[None]:
+    """The report's own trace made current while it is checked and its outcome
+    record built (which takes its trace id from there). While spans are
+    exported, a ``warden.complete`` span in that trace shows the report being
+    taken, whichever call brought it."""
     if request.trace_context is None:
         yield
         return
-    token = otel_context.attach(propagate.extract(dict(request.trace_context)))
+    carried = propagate.extract(dict(request.trace_context))
+    if plane.telemetry.tracing:
+        with plane.telemetry.tracer.start_as_current_span(
+            "warden.complete",
+            context=carried,
+            attributes={"warden.invocation_id": request.invocation_id},
+        ):
+            yield
+        return
+    token = otel_context.attach(carried)
     try:
         yield
     finally:
