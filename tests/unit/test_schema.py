@@ -152,6 +152,22 @@ def test_valid_instance_has_no_issues() -> None:
     assert validation_issues(validator, {"must": True, "name": "abc", "amount": 14}) == []
 
 
+def test_a_reference_to_a_boolean_schema_is_a_schema_like_any_other() -> None:
+    validator = compile_validator(
+        {
+            "$defs": {"anything": True, "nothing": False},
+            "properties": {
+                "free": {"$ref": "#/$defs/anything"},
+                "gone": {"$ref": "#/$defs/nothing"},
+            },
+        }
+    )
+    assert validation_issues(validator, {"free": [1, "x"]}) == []
+    assert validation_issues(validator, {"gone": "value-123"}) == [Issue("/gone", "is not allowed")]
+    with pytest.raises(InvalidSchemaError, match="does not resolve"):
+        compile_validator({"properties": {"a": {"$ref": "#/$defs/missing"}}})
+
+
 def test_invalid_schema_is_rejected() -> None:
     with pytest.raises(InvalidSchemaError, match="invalid JSON Schema at /properties/a/type"):
         compile_validator({"properties": {"a": {"type": "no-such-type"}}})

@@ -79,7 +79,7 @@ def compile_validator(schema: Schema) -> SchemaValidator:
             raise InvalidSchemaError(
                 f"$ref {ref!r} at {where or '/'} is remote; put the schema under $defs"
             )
-        if ref != "#" and _resolve(schema, ref) is None:
+        if ref != "#" and resolve_pointer(schema, ref) is None:
             raise InvalidSchemaError(f"$ref {ref!r} at {where or '/'} does not resolve")
     validator: Validator = _LinearValidator(schema, format_checker=_FORMATS)
     return SchemaValidator(validator, compile_predicate(schema, _FORMATS))
@@ -263,7 +263,8 @@ def validation_issues(validator: SchemaValidator, instance: JSONValue) -> list[I
 
 def _issues_of(error: ValidationError) -> Iterator[Issue]:
     path = list(error.absolute_path)
-    keyword = str(error.validator)
+    # A ``false`` schema refuses everything; jsonschema names no keyword for it.
+    keyword = "false" if error.validator is None else str(error.validator)
     value: Any = error.validator_value
     instance = error.instance
     if keyword == "required":
