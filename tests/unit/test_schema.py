@@ -168,6 +168,24 @@ def test_a_reference_to_a_boolean_schema_is_a_schema_like_any_other() -> None:
         compile_validator({"properties": {"a": {"$ref": "#/$defs/missing"}}})
 
 
+def test_a_false_subschema_names_the_value_it_refuses() -> None:
+    """A ``false`` under ``properties``, ``prefixItems`` or ``patternProperties``
+    refuses one member or item: the issue is at that member's path, not at
+    the object or array holding it."""
+    members = compile_validator(
+        {"properties": {"c": False, "d": {"type": "integer"}, "o": {"properties": {"x": False}}}}
+    )
+    assert validation_issues(members, {"c": 1, "d": "x", "o": {"x": [1]}}) == [
+        Issue("/c", "is not allowed"),
+        Issue("/d", "must be of type integer"),
+        Issue("/o/x", "is not allowed"),
+    ]
+    items = compile_validator({"prefixItems": [{"type": "integer"}, False]})
+    assert validation_issues(items, [1, "value-123"]) == [Issue("/1", "is not allowed")]
+    patterned = compile_validator({"patternProperties": {"^x": False}})
+    assert validation_issues(patterned, {"xa": 1, "b": 2}) == [Issue("/xa", "is not allowed")]
+
+
 def test_invalid_schema_is_rejected() -> None:
     with pytest.raises(InvalidSchemaError, match="invalid JSON Schema at /properties/a/type"):
         compile_validator({"properties": {"a": {"type": "no-such-type"}}})

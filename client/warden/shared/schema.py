@@ -12,7 +12,7 @@ their JSON text instead of pair by pair.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -105,7 +105,49 @@ def _pattern_properties(
         compiled = compile_pattern(pattern)
         for name, value in instance.items():
             if compiled.search(name) is not None:
-                yield from validator.descend(value, subschema, path=name, schema_path=pattern)
+                yield from _descend(validator, value, subschema, path=name, schema_path=pattern)
+
+
+# A ``false`` subschema's issue belongs to the value it refuses: jsonschema's
+# ``descend`` leaves it at the parent (``properties: {"c": false}`` refusing
+# ``{"c": 1}`` would read as an issue of the whole object), so the keywords
+# that descend into a member or an item by name go through ``_descend``.
+
+
+def _properties(
+    validator: Any, properties: Mapping[str, Any], instance: Any, schema: Schema
+) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for name, subschema in properties.items():
+        if name in instance:
+            yield from _descend(validator, instance[name], subschema, path=name, schema_path=name)
+
+
+def _prefix_items(
+    validator: Any, prefix: Sequence[Any], instance: Any, schema: Schema
+) -> Iterator[Any]:
+    if not validator.is_type(instance, "array"):
+        return
+    for index, (item, subschema) in enumerate(zip(instance, prefix, strict=False)):
+        yield from _descend(validator, item, subschema, path=index, schema_path=index)
+
+
+def _descend(
+    validator: Any, instance: Any, subschema: Any, *, path: str | int, schema_path: str | int
+) -> Iterator[Any]:
+    if subschema is False:
+        yield ValidationError(
+            "is not allowed",
+            validator="false",
+            validator_value=None,
+            instance=instance,
+            schema=False,
+            path=(path,),
+            schema_path=(schema_path,),
+        )
+        return
+    yield from validator.descend(instance, subschema, path=path, schema_path=schema_path)
 
 
 def _additional_properties(
@@ -159,6 +201,8 @@ _LinearValidator: Final = validators.extend(  # type: ignore[no-untyped-call]
     Draft202012Validator,
     {
         "pattern": _pattern,
+        "properties": _properties,
+        "prefixItems": _prefix_items,
         "patternProperties": _pattern_properties,
         "additionalProperties": _additional_properties,
         "uniqueItems": _unique_items,
