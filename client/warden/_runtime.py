@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import threading
-import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,6 +46,7 @@ from warden._retry import RetryPolicy, may_retry
 from warden._tracing import in_invocation_trace
 from warden._transport import Transport
 from warden.shared.canonical import compact_json
+from warden.shared.ids import uuid7
 from warden.shared.tls import TLS
 from warden.v1 import governor_pb2, registry_pb2
 
@@ -72,7 +72,7 @@ class _Call:
     idempotency_key: str
     timeout_ms: int
     retry: RetryPolicy
-    call_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    call_id: str = field(default_factory=lambda: str(uuid7()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,7 +405,7 @@ class Runtime:
                 cancelled = CapabilityError("CANCELLED")
                 return Envelope(
                     "cancelled",
-                    str(uuid.uuid4()),
+                    str(uuid7()),
                     error=cancelled,
                     call_id=call.call_id,
                     attempt=attempt,
@@ -434,7 +434,7 @@ class Runtime:
 
     async def _attempt(self, call: _Call, attempt: int) -> Envelope:
         """One attempt, as an envelope stamped with its call and attempt number."""
-        invocation_id = str(uuid.uuid4())
+        invocation_id = str(uuid7())
         try:
             await self._ensure_registered()
         except WardenError as exc:

@@ -8,7 +8,6 @@
  * (SI-11). Governed failures come back as envelopes, never as exceptions.
  */
 
-import { randomUUID } from "node:crypto";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { compactJson, parseJson } from "./canonical.js";
 import {
@@ -39,6 +38,7 @@ import {
   type Replay,
 } from "./gen/warden/v1/governor_pb.js";
 import type { GrantKey } from "./grants.js";
+import { uuid7 } from "./ids.js";
 import { DEFAULT_RETRY, delayMs, mayRetry, type RetryPolicy } from "./retry.js";
 import { type Schema, scrubJson, scrubText, sensitiveTexts, stripModelHidden } from "./schema.js";
 import { pointer } from "./standard-schema.js";
@@ -243,7 +243,7 @@ export class Runtime {
       idempotencyKey: options.idempotencyKey ?? "",
       timeoutMs: options.timeoutMs ?? 0,
       retry: options.retry ?? this.retry,
-      callId: randomUUID(),
+      callId: uuid7(),
       signal: options.signal,
     };
     return (await this.call(call)) as Envelope<O>;
@@ -254,7 +254,7 @@ export class Runtime {
     const spec = this.specs.get(call.capabilityId);
     for (let attempt = 1; ; attempt++) {
       if (call.signal?.aborted) {
-        return stamp(failed(randomUUID(), new CapabilityError("CANCELLED")), call, attempt);
+        return stamp(failed(uuid7(), new CapabilityError("CANCELLED")), call, attempt);
       }
       const envelope = stamp(await this.attempt(call, attempt), call, attempt);
       if (
@@ -275,7 +275,7 @@ export class Runtime {
   }
 
   private async attempt(call: Call, attempt: number): Promise<Envelope> {
-    const invocationId = randomUUID();
+    const invocationId = uuid7();
     try {
       await this.ensureRegistered();
     } catch (error) {

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from opentelemetry import trace
+
+from warden.shared.ids import uuid7
 
 Kind = Literal[
     "decision", "outcome", "approval", "policy", "registry", "access", "retention", "integrity"
@@ -78,27 +78,9 @@ def current_trace_id() -> str | None:
 
 
 def new_event_id() -> str:
-    """A record's id: a UUIDv7 (RFC 9562) in 32 hex digits, its first 48 bits
-    the time in milliseconds, the rest random.
-
-    Ids that grow with time are appended at the end of the store's unique
-    index on them, instead of at a random place (a page read and split
-    each), which made the index the costliest of an append's dozen.
-    """
-    stamp = time.time_ns() // 1_000_000
-    random = int.from_bytes(os.urandom(10), "big")
-    value = (
-        (stamp & _MASK_48) << 80
-        | 0x7 << 76
-        | (random >> 64 & 0xFFF) << 64
-        | 0b10 << 62
-        | random & _MASK_62
-    )
-    return f"{value:032x}"
-
-
-_MASK_48: Final = (1 << 48) - 1
-_MASK_62: Final = (1 << 62) - 1
+    """A record's id: a UUIDv7 (``warden.shared.ids``) in 32 hex digits, so
+    that it is appended at the end of the store's unique index on it."""
+    return uuid7().hex
 
 
 def now_iso() -> str:

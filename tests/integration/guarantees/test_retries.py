@@ -7,6 +7,7 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -45,6 +46,19 @@ def test_si11_a_retryable_failure_of_a_read_is_retried_as_attempts_of_one_call(
     ]
     assert len({r["invocation_id"] for r in decisions}) == 3
     assert env.invocation_id == decisions[-1]["invocation_id"]
+
+
+def test_the_ids_a_runtime_sends_grow_with_time(payments: warden.Runtime, pay_plant: Plant) -> None:
+    """Invocation and call ids are UUIDv7, so the plane appends them at the end
+    of its indexes (a random id costs a page per index once the store is large)."""
+    env = payments.invoke("orders.lookup", flaky("ids", 2), actor=pay_plant.token(), retry=QUICK)
+    assert env.status == "succeeded" and env.attempt == 3
+    decisions = [r for r in attempts_of(pay_plant, env.call_id) if r["kind"] == "decision"]
+    invocation_ids = [r["invocation_id"] for r in decisions]
+    for text in (env.call_id, *invocation_ids):
+        assert (uuid.UUID(text).version, uuid.UUID(text).variant) == (7, uuid.RFC_4122)
+    assert invocation_ids == sorted(invocation_ids) and len(set(invocation_ids)) == 3
+    assert abs(int(env.call_id.replace("-", "")[:12], 16) - time.time() * 1000) < 60_000
 
 
 def test_si11_an_idempotent_capability_is_retried(
