@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
@@ -48,21 +50,61 @@ _TRANSIENT = frozenset(
 
 
 class _Stubs:
+    """One connection to the plane, and how fast it has been answering."""
+
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.channel = channel
         self.governor = governor_pb2_grpc.GovernorStub(channel)
         self.registry = registry_pb2_grpc.RegistryStub(channel)
         self.grant_keys = grants_pb2_grpc.GrantKeysStub(channel)
+        self.in_flight = 0
+        """Calls sent on this connection and not answered yet."""
+        self._latency_s = 0.0
+        self._latency_at = 0.0
+
+    def latency_s(self, now: float) -> float:
+        """The recent round-trip time: the peak of the last answers, fading
+        towards zero while none comes, so a connection left aside is tried again."""
+        return self._latency_s * math.exp((self._latency_at - now) / LATENCY_DECAY_S)
+
+    def answered(self, seconds: float, now: float) -> None:
+        """Account for an answer that took ``seconds``: a slower answer counts in
+        full at once, a faster one is averaged in (a peak EWMA)."""
+        recent = self.latency_s(now)
+        if seconds > recent:
+            self._latency_s = seconds
+        else:
+            weight = math.exp((self._latency_at - now) / LATENCY_DECAY_S)
+            self._latency_s = recent * weight + seconds * (1 - weight)
+        self._latency_at = now
+
+    def cost(self, now: float) -> float:
+        """What sending one more call here is expected to cost: its recent
+        latency times the calls it would then carry."""
+        return max(self.latency_s(now), LATENCY_FLOOR_S) * (self.in_flight + 1)
 
 
 CONNECTIONS = 4
-"""Connections a runtime opens to the plane (per event loop), used in turn: a
-plane of several processes is spread by connection, so one busy service
-reaches all of them."""
+"""Connections a runtime opens to the plane (per event loop): a plane of
+several processes is spread by connection, so one busy service reaches all
+of them."""
+LATENCY_DECAY_S = 2.0
+"""How fast a connection's latency fades when it is not measured again."""
+LATENCY_FLOOR_S = 0.001
+"""The least latency a connection is credited with, so that a connection that
+has not answered yet still counts the calls it carries."""
 
 
 class _Pool:
-    """The connections of one event loop, handed out in turn."""
+    """The connections of one event loop.
+
+    A call goes to the connection where it is expected to be answered soonest:
+    the least recent latency times calls in flight (the peak-EWMA balancer of
+    Finagle and Linkerd), in turn among equals. The kernel hands a service's
+    connections to the processes of a plane unevenly (three of four to one
+    process is as likely as two and two); dealt out in turn, three quarters of
+    the calls would queue at one process while the other idled.
+    """
 
     def __init__(self, target: str, credentials: grpc.ChannelCredentials | None) -> None:
         self._stubs = [
@@ -70,8 +112,19 @@ class _Pool:
         ]
         self._turn = itertools.count()
 
-    def next(self) -> _Stubs:
-        return self._stubs[next(self._turn) % len(self._stubs)]
+    def next(self, now: float | None = None) -> _Stubs:
+        """The connection for the next call."""
+        now = time.monotonic() if now is None else now
+        count = len(self._stubs)
+        start = next(self._turn)
+        chosen = self._stubs[start % count]
+        least = chosen.cost(now)
+        for step in range(1, count):
+            stubs = self._stubs[(start + step) % count]
+            cost = stubs.cost(now)
+            if cost < least:
+                chosen, least = stubs, cost
+        return chosen
 
     async def close(self) -> None:
         for stubs in self._stubs:
@@ -102,9 +155,8 @@ class Transport:
     async def begin(self, request: governor_pb2.BeginRequest) -> governor_pb2.BeginResponse:
         """Begin; raises CapabilityError(GOVERNANCE_UNAVAILABLE) when the plane
         cannot answer (fail closed)."""
-        stubs = self._for_loop()
         return await self._governed(
-            lambda: stubs.governor.Begin(
+            lambda stubs: stubs.governor.Begin(
                 request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
             )
         )
@@ -113,9 +165,8 @@ class Transport:
         self, request: governor_pb2.CompleteRequest, trace: tuple[tuple[str, str], ...]
     ) -> governor_pb2.CompleteResponse:
         """Complete, in the trace of its invocation (``trace_metadata()`` where it ran)."""
-        stubs = self._for_loop()
         return await self._governed(
-            lambda: stubs.governor.Complete(
+            lambda stubs: stubs.governor.Complete(
                 request, metadata=self._metadata + trace, timeout=self._timeout_s
             )
         )
@@ -124,10 +175,9 @@ class Transport:
         self, reports: list[governor_pb2.OutcomeReport]
     ) -> governor_pb2.CompleteManyResponse:
         """CompleteMany: each report carries its own invocation's trace context."""
-        stubs = self._for_loop()
         request = governor_pb2.CompleteManyRequest(reports=reports)
         return await self._governed(
-            lambda: stubs.governor.CompleteMany(
+            lambda stubs: stubs.governor.CompleteMany(
                 request, metadata=self._metadata, timeout=self._timeout_s
             )
         )
@@ -185,11 +235,18 @@ class Transport:
             raise governance_error(exc.code(), exc.details() or "", self.target) from None
         return response
 
-    async def _governed(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _governed(self, call: Callable[[_Stubs], Awaitable[T]]) -> T:
+        stubs = self._for_loop()
+        stubs.in_flight += 1
+        sent = time.monotonic()
         try:
-            return await call()
+            return await call(stubs)
         except grpc.aio.AioRpcError as exc:
             raise governance_error(exc.code(), exc.details() or "", self.target) from None
+        finally:
+            stubs.in_flight -= 1
+            now = time.monotonic()
+            stubs.answered(now - sent, now)
 
     async def aclose(self) -> None:
         """Close the connections of the running loop."""
