@@ -7,8 +7,8 @@ import asyncio
 import itertools
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -18,7 +18,12 @@ from warden._grants import GrantKey
 from warden._tracing import trace_metadata
 from warden.shared.reach import unreachable
 from warden.shared.tls import TLS, TLSConfigError, aio_channel, credentials_of, sync_channel
-from warden.shared.wire import ACTOR_TOKEN_METADATA, BEARER, SERVICE_TOKEN_METADATA
+from warden.shared.wire import (
+    ACTOR_TOKEN_METADATA,
+    BEARER,
+    PROCESS_METADATA,
+    SERVICE_TOKEN_METADATA,
+)
 from warden.v1 import (
     approvals_pb2,
     approvals_pb2_grpc,
@@ -59,6 +64,8 @@ class _Stubs:
         self.grant_keys = grants_pb2_grpc.GrantKeysStub(channel)
         self.in_flight = 0
         """Calls sent on this connection and not answered yet."""
+        self.process: str | None = None
+        """The plane's process this connection reached, once it has said (``x-warden-process``)."""
         self._latency_s = 0.0
         self._latency_at = 0.0
 
@@ -78,11 +85,6 @@ class _Stubs:
             self._latency_s = recent * weight + seconds * (1 - weight)
         self._latency_at = now
 
-    def cost(self, now: float) -> float:
-        """What sending one more call here is expected to cost: its recent
-        latency times the calls it would then carry."""
-        return max(self.latency_s(now), LATENCY_FLOOR_S) * (self.in_flight + 1)
-
 
 CONNECTIONS = 4
 """Connections a runtime opens to the plane (per event loop): a plane of
@@ -99,11 +101,14 @@ class _Pool:
     """The connections of one event loop.
 
     A call goes to the connection where it is expected to be answered soonest:
-    the least recent latency times calls in flight (the peak-EWMA balancer of
-    Finagle and Linkerd), in turn among equals. The kernel hands a service's
-    connections to the processes of a plane unevenly (three of four to one
-    process is as likely as two and two); dealt out in turn, three quarters of
-    the calls would queue at one process while the other idled.
+    the least recent latency times the calls in flight to the same process of
+    the plane (the peak-EWMA balancer of Finagle and Linkerd, counted by
+    process), in turn among equals. The kernel hands a service's connections
+    to a plane's processes unevenly (three of four to one process is as likely
+    as two and two): dealt out in turn, three quarters of the calls would
+    queue at one process while the other idled, and counted by connection,
+    the process holding three would still get more than its share. Which
+    process a connection reached, the plane says in each answer.
     """
 
     def __init__(self, target: str, credentials: grpc.ChannelCredentials | None) -> None:
@@ -115,13 +120,17 @@ class _Pool:
     def next(self, now: float | None = None) -> _Stubs:
         """The connection for the next call."""
         now = time.monotonic() if now is None else now
+        carried: dict[str, int] = {}
+        for stubs in self._stubs:
+            if stubs.process is not None:
+                carried[stubs.process] = carried.get(stubs.process, 0) + stubs.in_flight
         count = len(self._stubs)
         start = next(self._turn)
-        chosen = self._stubs[start % count]
-        least = chosen.cost(now)
-        for step in range(1, count):
+        chosen, least = self._stubs[0], (math.inf, 0)
+        for step in range(count):
             stubs = self._stubs[(start + step) % count]
-            cost = stubs.cost(now)
+            queued = stubs.in_flight if stubs.process is None else carried[stubs.process]
+            cost = (max(stubs.latency_s(now), LATENCY_FLOOR_S) * (queued + 1), stubs.in_flight)
             if cost < least:
                 chosen, least = stubs, cost
         return chosen
@@ -235,12 +244,17 @@ class Transport:
             raise governance_error(exc.code(), exc.details() or "", self.target) from None
         return response
 
-    async def _governed(self, call: Callable[[_Stubs], Awaitable[T]]) -> T:
+    async def _governed(self, call: Callable[[_Stubs], grpc.aio.UnaryUnaryCall[Any, T]]) -> T:
         stubs = self._for_loop()
         stubs.in_flight += 1
         sent = time.monotonic()
         try:
-            return await call(stubs)
+            rpc = call(stubs)
+            answer = await rpc
+            for key, value in await rpc.trailing_metadata() or ():
+                if key == PROCESS_METADATA and isinstance(value, str):
+                    stubs.process = value
+            return answer
         except grpc.aio.AioRpcError as exc:
             raise governance_error(exc.code(), exc.details() or "", self.target) from None
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -130,6 +131,9 @@ class Plane:
     checkpoints: CheckpointVerifier | None = None
     """Checks retention checkpoints; a ``CheckpointSigner`` where this plane prunes."""
     replica_id: str = field(default_factory=new_replica_id)
+    process_id: str = field(default_factory=lambda: os.urandom(6).hex())
+    """Names this process to the SDKs (``x-warden-process``), which balance
+    their calls between the processes of a plane."""
     """This replica's name in the store's ``replicas`` table."""
     joined: bool = False
     """This process joined a plane another process started (``[server] processes``):

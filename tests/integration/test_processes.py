@@ -15,7 +15,8 @@ import grpc
 import pytest
 
 from tests.conftest import EXAMPLE_POLICIES, ORDERS_TOKEN, Plant, copy_policies
-from warden.v1 import policy_pb2, policy_pb2_grpc
+from warden.shared.wire import PROCESS_METADATA, SERVICE_TOKEN_METADATA
+from warden.v1 import governor_pb2, governor_pb2_grpc, policy_pb2, policy_pb2_grpc
 from warden_server.app import serve
 from warden_server.plane import Plane
 
@@ -167,6 +168,48 @@ def test_si4_processes_extend_one_chain_without_forks(
     assert len(outcomes) == total
     result = verify(plant.server.plane.store)
     assert result.ok, result.problem
+
+
+def answering_process(target: str) -> str:
+    """The process a fresh connection reached, as its Governor answers name it."""
+    with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+        stub = governor_pb2_grpc.GovernorStub(channel)
+        named = set()
+        for _ in range(3):
+            _, call = stub.CompleteMany.with_call(
+                governor_pb2.CompleteManyRequest(),
+                metadata=((SERVICE_TOKEN_METADATA, ORDERS_TOKEN),),
+                timeout=5,
+            )
+            named |= {value for key, value in call.trailing_metadata() if key == PROCESS_METADATA}
+    assert len(named) == 1, f"one connection was answered as {named}"
+    return named.pop()
+
+
+def test_each_process_names_itself_in_governor_answers(
+    start_plane: Callable[..., Plant], orders_example: Any
+) -> None:
+    """The SDK balances its calls by process: every process answers with an id
+    of its own, the same on every call of a connection."""
+    plant = start_plane(processes=2)
+    seen: set[str] = set()
+    for _ in range(40):
+        seen.add(answering_process(plant.target))
+        if len(seen) == 2:
+            break
+    assert len(seen) == 2, "the kernel never spread the connections"
+    assert plant.server.plane.process_id in seen
+
+    rt = orders_example.build_runtime(plant.target, ORDERS_TOKEN)
+    try:
+        rt.register()
+        for _ in range(8):
+            rt.invoke("orders.get", {"order_id": "A1"}, actor=plant.token("bot-1"))
+        pools = rt._transport._pools.values()
+        learned = {s.process for pool in pools for s in pool._stubs if s.process is not None}
+    finally:
+        rt.close()
+    assert learned and learned <= seen, f"the runtime's connections learned {learned}"
 
 
 def test_metrics_count_the_calls_every_process_served(tmp_path: Path, orders_example: Any) -> None:

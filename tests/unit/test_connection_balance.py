@@ -107,3 +107,23 @@ def test_a_connection_that_never_answers_does_not_draw_every_call() -> None:
         assert all(pool.next(now=10.0) is not silent for _ in range(8))
 
     with_pool(check)
+
+
+def test_connections_to_one_process_count_its_calls_together() -> None:
+    """Three connections on one process and one on another: the lone one takes
+    calls until its process carries as many as the other."""
+
+    def check(pool: _Pool) -> None:
+        *crowded, lone = stubs_of(pool)
+        for stubs in crowded:
+            stubs.process, stubs.in_flight = "a", 10
+            stubs.answered(0.100, now=10.0)
+        lone.process, lone.in_flight = "b", 10
+        lone.answered(0.100, now=10.0)
+        assert all(pool.next(now=10.0) is lone for _ in range(8))
+        lone.in_flight = 29
+        assert pool.next(now=10.0) is lone
+        lone.in_flight = 31
+        assert all(pool.next(now=10.0) in crowded for _ in range(8))
+
+    with_pool(check)

@@ -9,3 +9,8 @@ ACTOR_TOKEN_METADATA: Final = "authorization"  # noqa: S105 (a header name)
 """The gRPC metadata key that carries an actor's own JWT as ``Bearer <JWT>``, where
 the actor calls the plane in person (approvers, auditors)."""
 BEARER: Final = "Bearer"
+
+PROCESS_METADATA: Final = "x-warden-process"
+"""The trailing gRPC metadata key by which the plane's process that answered a
+``Governor`` call names itself (a random id per process): the SDK balances its
+calls between processes, not only between its connections."""

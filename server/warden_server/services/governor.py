@@ -8,6 +8,7 @@ from typing import Final
 
 import grpc
 
+from warden.shared.wire import PROCESS_METADATA
 from warden.v1 import governor_pb2, governor_pb2_grpc
 from warden_server.auth.services import SERVICE_TOKEN_METADATA, Service, ServiceAuthenticationError
 from warden_server.config import Config
@@ -41,6 +42,13 @@ def calling_service(plane: Plane, context: grpc.ServicerContext) -> Service:
     return plane.services.authenticate(token if isinstance(token, str) else None)
 
 
+def _name_process(plane: Plane, context: grpc.ServicerContext) -> None:
+    """Say which process answers (``x-warden-process``): a service's
+    connections reach a plane's processes unevenly, and the SDK balances its
+    calls by process once it knows which connections share one."""
+    context.set_trailing_metadata(((PROCESS_METADATA, plane.process_id),))
+
+
 class GovernorServicer(governor_pb2_grpc.GovernorServicer):
     def __init__(self, plane: Plane) -> None:
         self._plane = plane
@@ -50,6 +58,7 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
         self, request: governor_pb2.BeginRequest, context: grpc.ServicerContext
     ) -> governor_pb2.BeginResponse:
         plane = self._plane
+        _name_process(plane, context)
         service_name = None
         try:
             service = calling_service(plane, context)
@@ -117,6 +126,7 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
     def Complete(
         self, request: governor_pb2.CompleteRequest, context: grpc.ServicerContext
     ) -> governor_pb2.CompleteResponse:
+        _name_process(self._plane, context)
         service = calling_service(self._plane, context)
         decoded = _decode_complete(
             request, service, self._plane.config, _deadline(self._plane, context)
@@ -127,6 +137,7 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
     def CompleteMany(
         self, request: governor_pb2.CompleteManyRequest, context: grpc.ServicerContext
     ) -> governor_pb2.CompleteManyResponse:
+        _name_process(self._plane, context)
         service = calling_service(self._plane, context)
         if len(request.reports) > MAX_REPORTS:
             raise InvalidRequest(
