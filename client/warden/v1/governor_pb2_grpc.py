@@ -27,7 +27,9 @@ if _version_not_supported:
 
 class GovernorStub:
     """Every call carries the calling service's token in the metadata key
-    "x-warden-service-token".
+    "x-warden-service-token". Every answer names the process of the plane that
+    gave it in the trailing metadata key "x-warden-process" (a random id per
+    process), so that a client can balance its calls between processes.
     """
 
     def __init__(self, channel):
@@ -55,7 +57,9 @@ class GovernorStub:
 
 class GovernorServicer:
     """Every call carries the calling service's token in the metadata key
-    "x-warden-service-token".
+    "x-warden-service-token". Every answer names the process of the plane that
+    gave it in the trailing metadata key "x-warden-process" (a random id per
+    process), so that a client can balance its calls between processes.
     """
 
     def Begin(self, request, context):
@@ -111,7 +115,9 @@ def add_GovernorServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Governor:
     """Every call carries the calling service's token in the metadata key
-    "x-warden-service-token".
+    "x-warden-service-token". Every answer names the process of the plane that
+    gave it in the trailing metadata key "x-warden-process" (a random id per
+    process), so that a client can balance its calls between processes.
     """
 
     @staticmethod

@@ -28,7 +28,9 @@ GRPC_VERSION: str
 
 class GovernorStub:
     """Every call carries the calling service's token in the metadata key
-    "x-warden-service-token".
+    "x-warden-service-token". Every answer names the process of the plane that
+    gave it in the trailing metadata key "x-warden-process" (a random id per
+    process), so that a client can balance its calls between processes.
     """
 
     @_typing.overload
@@ -51,7 +53,9 @@ class GovernorStub:
 @_typing.type_check_only
 class GovernorAsyncStub(GovernorStub):
     """Every call carries the calling service's token in the metadata key
-    "x-warden-service-token".
+    "x-warden-service-token". Every answer names the process of the plane that
+    gave it in the trailing metadata key "x-warden-process" (a random id per
+    process), so that a client can balance its calls between processes.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -70,7 +74,9 @@ class GovernorAsyncStub(GovernorStub):
 
 class GovernorServicer(metaclass=_abc_1.ABCMeta):
     """Every call carries the calling service's token in the metadata key
-    "x-warden-service-token".
+    "x-warden-service-token". Every answer names the process of the plane that
+    gave it in the trailing metadata key "x-warden-process" (a random id per
+    process), so that a client can balance its calls between processes.
     """
 
     @_abc_1.abstractmethod

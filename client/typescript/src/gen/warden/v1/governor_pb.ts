@@ -606,7 +606,9 @@ export const OutcomeStatusSchema: GenEnum<OutcomeStatus> = /*@__PURE__*/
 
 /**
  * Every call carries the calling service's token in the metadata key
- * "x-warden-service-token".
+ * "x-warden-service-token". Every answer names the process of the plane that
+ * gave it in the trailing metadata key "x-warden-process" (a random id per
+ * process), so that a client can balance its calls between processes.
  *
  * @generated from service warden.v1.Governor
  */
