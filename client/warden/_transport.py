@@ -86,10 +86,11 @@ class _Stubs:
         self._latency_at = now
 
 
-CONNECTIONS = 4
-"""Connections a runtime opens to the plane (per event loop): a plane of
-several processes is spread by connection, so one busy service reaches all
-of them."""
+CONNECTIONS = 8
+"""Connections a runtime opens to the plane (per event loop). The kernel
+spreads connections, not calls, over a plane's processes; with eight, all of
+them reach one of two processes once in 128 runtimes (once in 8 with four),
+and the balancer evens out the rest."""
 LATENCY_DECAY_S = 2.0
 """How fast a connection's latency fades when it is not measured again."""
 LATENCY_FLOOR_S = 0.001
