@@ -110,13 +110,14 @@ def test_a_connection_that_never_answers_does_not_draw_every_call() -> None:
 
 
 def test_connections_to_one_process_count_its_calls_together() -> None:
-    """Three connections on one process and one on another: the lone one takes
-    calls until its process carries as many as the other."""
+    """Every connection but one on one process, with 30 calls in flight between
+    them, and the last alone on another: the lone one takes calls until its
+    process carries as many as the other."""
 
     def check(pool: _Pool) -> None:
         *crowded, lone = stubs_of(pool)
-        for stubs in crowded:
-            stubs.process, stubs.in_flight = "a", 10
+        for i, stubs in enumerate(crowded):
+            stubs.process, stubs.in_flight = "a", 10 if i < 3 else 0
             stubs.answered(0.100, now=10.0)
         lone.process, lone.in_flight = "b", 10
         lone.answered(0.100, now=10.0)
