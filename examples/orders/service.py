@@ -77,7 +77,8 @@ def build_runtime(target: str, token: str) -> warden.Runtime:
         order = ORDERS.get(inp.order_id)
         if order is None or not order["refundable"] or inp.amount > order["total"]:
             raise ctx.errors.NOT_ELIGIBLE()
-        return RefundOut(refund_id=f"R-{ctx.invocation_id[:8]}", amount=inp.amount)
+        # The invocation id's tail is random; its head is the time (a UUIDv7).
+        return RefundOut(refund_id=f"R-{ctx.invocation_id[-8:]}", amount=inp.amount)
 
     @rt.capability("orders.export", input=ExportIn, output=ExportOut, side_effect="read")
     def export(inp: ExportIn, ctx: warden.Context) -> ExportOut:
