@@ -252,7 +252,7 @@ def test_the_typescript_runtime_keeps_its_guarantees_on_a_real_plane(
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "# fail 0" in done.stdout and "# pass 13" in done.stdout
+    assert "# fail 0" in done.stdout and "# pass 14" in done.stdout
     # SI-5: the card quoted in the handler's exception is masked in the private body too.
     (exploded,) = plant.events(kind="outcome", capability_id="billing.explode")
     assert exploded["cause_message"] == "the table payments is locked for card [REDACTED]"

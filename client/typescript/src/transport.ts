@@ -25,7 +25,75 @@ import type { GrantKey } from "./grants.js";
 
 const SERVICE_TOKEN_METADATA = "x-warden-service-token";
 const ACTOR_TOKEN_METADATA = "authorization";
+const PROCESS_METADATA = "x-warden-process";
 const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.Aborted]);
+
+/**
+ * Connections a runtime opens to the plane. The kernel spreads connections,
+ * not calls, over a plane's processes; with eight, all of them reach one of
+ * two processes once in 128 runtimes, and `choose` evens out the rest.
+ */
+export const CONNECTIONS = 8;
+/** How fast a connection's latency fades when it is not measured again. */
+export const LATENCY_DECAY_MS = 2000;
+/** The least latency a connection is credited with, so that one that has not answered yet still counts the calls it carries. */
+export const LATENCY_FLOOR_MS = 1;
+
+/** One connection to the plane, and how fast it has been answering. */
+export class Connection {
+  /** Calls sent on this connection and not answered yet. */
+  inFlight = 0;
+  /** The plane's process this connection reached, once it has said (`x-warden-process`). */
+  process: string | undefined;
+  private latencyMs = 0;
+  private latencyAt = 0;
+
+  constructor(readonly governor: Client<typeof Governor>) {}
+
+  /** The recent round-trip time: the peak of the last answers, fading towards zero while none comes. */
+  recentLatencyMs(now: number): number {
+    return this.latencyMs * Math.exp((this.latencyAt - now) / LATENCY_DECAY_MS);
+  }
+
+  /** Account for an answer that took `ms`: a slower one counts in full at once, a faster one is averaged in (a peak EWMA). */
+  answered(ms: number, now: number): void {
+    const recent = this.recentLatencyMs(now);
+    if (ms > recent) {
+      this.latencyMs = ms;
+    } else {
+      const weight = Math.exp((this.latencyAt - now) / LATENCY_DECAY_MS);
+      this.latencyMs = recent * weight + ms * (1 - weight);
+    }
+    this.latencyAt = now;
+  }
+}
+
+/**
+ * The connection for the next call: the least recent latency times the calls
+ * in flight to the same process of the plane (the peak-EWMA balancer of
+ * Finagle and Linkerd, counted by process), in turn from `start` among equals.
+ * The same rule as the Python SDK's.
+ */
+export function choose(connections: Connection[], start: number, now: number): Connection {
+  const carried = new Map<string, number>();
+  for (const c of connections) {
+    if (c.process !== undefined) carried.set(c.process, (carried.get(c.process) ?? 0) + c.inFlight);
+  }
+  let chosen = connections[start % connections.length] as Connection;
+  let least = Number.POSITIVE_INFINITY;
+  let leastOwn = 0;
+  for (let step = 0; step < connections.length; step++) {
+    const c = connections[(start + step) % connections.length] as Connection;
+    const queued = c.process === undefined ? c.inFlight : (carried.get(c.process) ?? 0);
+    const cost = Math.max(c.recentLatencyMs(now), LATENCY_FLOOR_MS) * (queued + 1);
+    if (cost < least || (cost === least && c.inFlight < leastOwn)) {
+      chosen = c;
+      least = cost;
+      leastOwn = c.inFlight;
+    }
+  }
+  return chosen;
+}
 
 /** gRPC status names, as the plane's messages and the Python SDK spell them. */
 function statusName(code: Code): string {
@@ -67,7 +135,8 @@ export function governanceError(error: unknown, target: string): CapabilityError
 
 /** Access to the plane for a service, with its token. */
 export class Transport {
-  private readonly governor: Client<typeof Governor>;
+  private readonly connections: Connection[];
+  private turn = 0;
   private readonly registry: Client<typeof Registry>;
   private readonly grantKeysClient: Client<typeof GrantKeys>;
   private readonly headers: Record<string, string>;
@@ -77,10 +146,13 @@ export class Transport {
     token: string,
     private readonly timeoutMs: number,
   ) {
-    const transport = createGrpcTransport({ baseUrl: baseUrl(target) });
-    this.governor = createClient(Governor, transport);
-    this.registry = createClient(Registry, transport);
-    this.grantKeysClient = createClient(GrantKeys, transport);
+    const transports = Array.from({ length: CONNECTIONS }, () =>
+      createGrpcTransport({ baseUrl: baseUrl(target) }),
+    );
+    this.connections = transports.map((t) => new Connection(createClient(Governor, t)));
+    const [first] = transports;
+    this.registry = createClient(Registry, first as (typeof transports)[number]);
+    this.grantKeysClient = createClient(GrantKeys, first as (typeof transports)[number]);
     this.headers = { [SERVICE_TOKEN_METADATA]: token };
   }
 
@@ -88,22 +160,39 @@ export class Transport {
     return { headers: this.headers, timeoutMs: this.timeoutMs };
   }
 
-  /** Begin; throws CapabilityError(GOVERNANCE_UNAVAILABLE) when the plane cannot answer. */
-  async begin(request: MessageInitShape<typeof BeginRequestSchema>): Promise<BeginResponse> {
+  /** A Governor call on the connection `choose` picks, timed, and told which process answered. */
+  private async governed<T>(
+    call: (
+      governor: Client<typeof Governor>,
+      options: ReturnType<Transport["options"]> & { onTrailer: (trailers: Headers) => void },
+    ) => Promise<T>,
+  ): Promise<T> {
+    const connection = choose(this.connections, this.turn++, performance.now());
+    connection.inFlight++;
+    const sent = performance.now();
+    const onTrailer = (trailers: Headers) => {
+      const process = trailers.get(PROCESS_METADATA);
+      if (process) connection.process = process;
+    };
     try {
-      return await this.governor.begin(request, this.options());
+      return await call(connection.governor, { ...this.options(), onTrailer });
     } catch (error) {
       throw governanceError(error, this.target);
+    } finally {
+      connection.inFlight--;
+      const now = performance.now();
+      connection.answered(now - sent, now);
     }
+  }
+
+  /** Begin; throws CapabilityError(GOVERNANCE_UNAVAILABLE) when the plane cannot answer. */
+  async begin(request: MessageInitShape<typeof BeginRequestSchema>): Promise<BeginResponse> {
+    return this.governed((governor, options) => governor.begin(request, options));
   }
 
   /** Complete; throws CapabilityError(GOVERNANCE_UNAVAILABLE) when the plane cannot answer. */
   async complete(request: MessageInitShape<typeof CompleteRequestSchema>): Promise<void> {
-    try {
-      await this.governor.complete(request, this.options());
-    } catch (error) {
-      throw governanceError(error, this.target);
-    }
+    await this.governed((governor, options) => governor.complete(request, options));
   }
 
   /** Register; throws WardenError with the plane's message when refused. */

@@ -7,7 +7,11 @@
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
 import { z } from "zod";
+import { Governor } from "../../src/gen/warden/v1/governor_pb.js";
+import { uuid7 } from "../../src/ids.js";
 import {
   type Envelope,
   type Json,
@@ -253,5 +257,28 @@ describe("a TypeScript service on a real plane", () => {
       assert.match(error.message, /PERMISSION_DENIED/);
       return true;
     });
+  });
+
+  test("a Governor answer names the process of the plane that gave it", async () => {
+    // What the runtime's balancer reads to count calls by process.
+    const governor = createClient(Governor, createGrpcTransport({ baseUrl: `http://${target}` }));
+    const named: string[] = [];
+    for (let i = 0; i < 2; i++) {
+      await governor.begin(
+        {
+          invocationId: uuid7(),
+          capabilityId: "billing.nowhere",
+          actorToken: actor,
+          inputJson: "{}",
+        },
+        {
+          headers: { "x-warden-service-token": token },
+          onTrailer: (trailers) => named.push(trailers.get("x-warden-process") ?? ""),
+        },
+      );
+    }
+    assert.equal(named.length, 2);
+    assert.match(named[0] ?? "", /^[0-9a-f]{12}$/);
+    assert.equal(named[1], named[0]);
   });
 });
