@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
 import json
 import logging
 import os
@@ -122,16 +123,28 @@ class _ReportFile:
         self.target = target
         self.host = socket.gethostname()
         self.owner = f"{self.host}/{os.getpid()}/{os.urandom(6).hex()}"
-        if path is not None:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # SQLite keeps the mode
-        self._conn = sqlite3.connect(
-            ":memory:" if path is None else path,
-            isolation_level=None,
-            check_same_thread=False,
-            timeout=10,
-        )
         self._lock = threading.Lock()
+        if path is None:
+            self._open(":memory:")
+            return
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # SQLite keeps the mode
+        # Processes of a service starting together open the file one at a time:
+        # turning a fresh file to WAL while another process opens it can fail at
+        # once with "database is locked", whatever the busy timeout. The lock is
+        # a file of its own: closing any descriptor of the database file would
+        # drop the locks SQLite holds on it.
+        turns = os.open(f"{path}.open-lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(turns, fcntl.LOCK_EX)
+            self._open(str(path))
+        finally:
+            os.close(turns)
+
+    def _open(self, where: str) -> None:
+        self._conn = sqlite3.connect(
+            where, isolation_level=None, check_same_thread=False, timeout=10
+        )
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
