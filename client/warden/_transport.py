@@ -77,12 +77,9 @@ class _Stubs:
     def answered(self, seconds: float, now: float) -> None:
         """Account for an answer that took ``seconds``: a slower answer counts in
         full at once, a faster one is averaged in (a peak EWMA)."""
-        recent = self.latency_s(now)
-        if seconds > recent:
-            self._latency_s = seconds
-        else:
-            weight = math.exp((self._latency_at - now) / LATENCY_DECAY_S)
-            self._latency_s = recent * weight + seconds * (1 - weight)
+        weight = math.exp((self._latency_at - now) / LATENCY_DECAY_S)
+        recent = self._latency_s * weight
+        self._latency_s = seconds if seconds > recent else recent * weight + seconds * (1 - weight)
         self._latency_at = now
 
 

@@ -57,13 +57,9 @@ export class Connection {
 
   /** Account for an answer that took `ms`: a slower one counts in full at once, a faster one is averaged in (a peak EWMA). */
   answered(ms: number, now: number): void {
-    const recent = this.recentLatencyMs(now);
-    if (ms > recent) {
-      this.latencyMs = ms;
-    } else {
-      const weight = Math.exp((this.latencyAt - now) / LATENCY_DECAY_MS);
-      this.latencyMs = recent * weight + ms * (1 - weight);
-    }
+    const weight = Math.exp((this.latencyAt - now) / LATENCY_DECAY_MS);
+    const recent = this.latencyMs * weight;
+    this.latencyMs = ms > recent ? ms : recent * weight + ms * (1 - weight);
     this.latencyAt = now;
   }
 }
