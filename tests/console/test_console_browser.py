@@ -109,6 +109,10 @@ def test_si6_a_requester_cannot_approve_their_own_request(
         form={"csrf": max_.csrf(), "verdict": "approve", "reason": "looks fine to me"},
         max_redirects=0,
     )
+    # The open page's live list refetches itself on the refusal's event; that
+    # background fetch must leave the notice for the next whole page.
+    fragment = page.request.get(f"{console.url}/approvals/inbox")
+    assert fragment.ok and 'role="alert"' not in fragment.text()
     page.goto(f"{console.url}/approvals")
     expect(page.get_by_role("alert")).to_contain_text(
         "Refused: the requester of a call cannot decide its approval (separation of duties)"

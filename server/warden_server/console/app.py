@@ -159,9 +159,13 @@ class _Pages:
         template: str,
         session: Session | None,
         status_code: int = 200,
+        *,
+        fragment: bool = False,
         **context: Any,
     ) -> HTMLResponse:
-        notice = session.take_notice() if session else None
+        # A notice is shown once, on the next whole page: a fragment fetched
+        # in the background (the live inbox) must not take it.
+        notice = session.take_notice() if session and not fragment else None
         response = self.templates.TemplateResponse(
             request,
             template,
@@ -324,7 +328,8 @@ class _Pages:
 
     async def inbox(self, request: Request) -> Response:
         session = await self.signed_in(request)
-        return self.render(request, "_inbox.html", session, **await self._inbox(session))
+        inbox = await self._inbox(session)
+        return self.render(request, "_inbox.html", session, fragment=True, **inbox)
 
     async def _inbox(self, session: Session) -> dict[str, Any]:
         token = session.token or ""
