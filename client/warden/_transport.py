@@ -107,6 +107,11 @@ class _Pool:
     queue at one process while the other idled, and counted by connection,
     the process holding three would still get more than its share. Which
     process a connection reached, the plane says in each answer.
+
+    A process's latency is that of its slowest connection: a connection left
+    aside fades towards zero, and taken alone it would make its process look
+    fast while the calls there wait their turn (each fresh call would go to
+    it until its first answer came back, a queue's length later).
     """
 
     def __init__(self, target: str, credentials: grpc.ChannelCredentials | None) -> None:
@@ -119,16 +124,22 @@ class _Pool:
         """The connection for the next call."""
         now = time.monotonic() if now is None else now
         carried: dict[str, int] = {}
+        slowest: dict[str, float] = {}
         for stubs in self._stubs:
             if stubs.process is not None:
                 carried[stubs.process] = carried.get(stubs.process, 0) + stubs.in_flight
+                latency = stubs.latency_s(now)
+                slowest[stubs.process] = max(slowest.get(stubs.process, 0.0), latency)
         count = len(self._stubs)
         start = next(self._turn)
         chosen, least = self._stubs[0], (math.inf, 0)
         for step in range(count):
             stubs = self._stubs[(start + step) % count]
-            queued = stubs.in_flight if stubs.process is None else carried[stubs.process]
-            cost = (max(stubs.latency_s(now), LATENCY_FLOOR_S) * (queued + 1), stubs.in_flight)
+            if stubs.process is None:
+                queued, latency = stubs.in_flight, stubs.latency_s(now)
+            else:
+                queued, latency = carried[stubs.process], slowest[stubs.process]
+            cost = (max(latency, LATENCY_FLOOR_S) * (queued + 1), stubs.in_flight)
             if cost < least:
                 chosen, least = stubs, cost
         return chosen

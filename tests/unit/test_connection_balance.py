@@ -128,3 +128,24 @@ def test_connections_to_one_process_count_its_calls_together() -> None:
         assert all(pool.next(now=10.0) in crowded for _ in range(8))
 
     with_pool(check)
+
+
+def test_a_connection_left_aside_does_not_make_its_busy_process_look_fast() -> None:
+    """Six connections on a process whose answers take a second, one of them
+    left aside long enough to fade, and two on a process answering in 0.3 s
+    with a third of the calls: the next call goes to the faster process."""
+
+    def check(pool: _Pool) -> None:
+        *crowded, left_aside, fast_a, fast_b = stubs_of(pool)
+        for stubs in crowded:
+            stubs.process, stubs.in_flight = "slow", 60
+            stubs.answered(1.0, now=10.0)
+        left_aside.process, left_aside.in_flight = "slow", 0
+        left_aside.answered(1.0, now=0.0)
+        for stubs in (fast_a, fast_b):
+            stubs.process, stubs.in_flight = "fast", 50
+            stubs.answered(0.3, now=10.0)
+        assert left_aside.latency_s(10.0) < 0.01
+        assert all(pool.next(now=10.0) in (fast_a, fast_b) for _ in range(8))
+
+    with_pool(check)
