@@ -68,20 +68,28 @@ export class Connection {
  * The connection for the next call: the least recent latency times the calls
  * in flight to the same process of the plane (the peak-EWMA balancer of
  * Finagle and Linkerd, counted by process), in turn from `start` among equals.
- * The same rule as the Python SDK's.
+ * A process's latency is that of its slowest connection: one left aside fades
+ * towards zero and would otherwise make its busy process look fast. The same
+ * rule as the Python SDK's.
  */
 export function choose(connections: Connection[], start: number, now: number): Connection {
   const carried = new Map<string, number>();
+  const slowest = new Map<string, number>();
   for (const c of connections) {
-    if (c.process !== undefined) carried.set(c.process, (carried.get(c.process) ?? 0) + c.inFlight);
+    if (c.process !== undefined) {
+      carried.set(c.process, (carried.get(c.process) ?? 0) + c.inFlight);
+      slowest.set(c.process, Math.max(slowest.get(c.process) ?? 0, c.recentLatencyMs(now)));
+    }
   }
   let chosen = connections[start % connections.length] as Connection;
   let least = Number.POSITIVE_INFINITY;
   let leastOwn = 0;
   for (let step = 0; step < connections.length; step++) {
     const c = connections[(start + step) % connections.length] as Connection;
-    const queued = c.process === undefined ? c.inFlight : (carried.get(c.process) ?? 0);
-    const cost = Math.max(c.recentLatencyMs(now), LATENCY_FLOOR_MS) * (queued + 1);
+    const known = c.process !== undefined;
+    const queued = known ? (carried.get(c.process as string) ?? 0) : c.inFlight;
+    const latency = known ? (slowest.get(c.process as string) ?? 0) : c.recentLatencyMs(now);
+    const cost = Math.max(latency, LATENCY_FLOOR_MS) * (queued + 1);
     if (cost < least || (cost === least && c.inFlight < leastOwn)) {
       chosen = c;
       least = cost;

@@ -63,3 +63,24 @@ test("a connection that never answers does not draw every call", () => {
   for (let turn = 0; turn < 8; turn++)
     assert.notEqual(choose([silent, ...others], turn, 10_000), silent);
 });
+
+test("a connection left aside does not make its busy process look fast", () => {
+  const all = connections();
+  const [leftAside, fastA, fastB] = all.slice(-3) as [Connection, Connection, Connection];
+  for (const c of all.slice(0, -3)) {
+    c.process = "slow";
+    c.inFlight = 60;
+    c.answered(1000, 10_000);
+  }
+  leftAside.process = "slow";
+  leftAside.answered(1000, 0);
+  for (const c of [fastA, fastB]) {
+    c.process = "fast";
+    c.inFlight = 50;
+    c.answered(300, 10_000);
+  }
+  assert.ok(leftAside.recentLatencyMs(10_000) < 10);
+  for (let turn = 0; turn < 8; turn++) {
+    assert.ok([fastA, fastB].includes(choose(all, turn, 10_000)));
+  }
+});
