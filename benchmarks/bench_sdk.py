@@ -214,6 +214,7 @@ def _report(
 ) -> bool:
     bare_p50, bare_p99 = percentile(bare, 50), percentile(bare, 99)
     over_p50, over_p99 = percentile(overhead, 50), percentile(overhead, 99)
+    over_mean = sum(overhead) / len(overhead)
     ok_overhead = over_p50 * 1e3 < OVERHEAD_P50_TARGET_MS
     load_p50, load_p99 = percentile(load.latencies, 50), percentile(load.latencies, 99)
     errors = sum(load.errors.values())
@@ -226,6 +227,7 @@ def _report(
     print(f"  bare gRPC round trip   p50 {bare_p50 * 1e3:7.3f} ms  p99 {bare_p99 * 1e3:7.3f} ms")
     print(
         f"  invoke overhead        p50 {over_p50 * 1e3:7.3f} ms  p99 {over_p99 * 1e3:7.3f} ms"
+        f"  mean {over_mean * 1e3:.3f} ms"
         f"  ({over_p50 / bare_p50:.1f}x / {over_p99 / bare_p99:.1f}x the bare round trip; "
         f"handler p50 {percentile(handler, 50) * 1e6:.0f} us)"
     )
@@ -258,6 +260,7 @@ def _report(
         "bare_round_trip_p99_ms": bare_p99 * 1e3,
         "invoke_overhead_p50_ms": over_p50 * 1e3,
         "invoke_overhead_p99_ms": over_p99 * 1e3,
+        "invoke_overhead_mean_ms": over_mean * 1e3,
         "invoke_overhead_p50_ratio_to_bare": over_p50 / bare_p50,
         "invoke_overhead_p50_target_ms_below": OVERHEAD_P50_TARGET_MS,
         "load_concurrency": concurrency,

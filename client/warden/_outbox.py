@@ -5,7 +5,9 @@ decision without an ending and an idempotency key in doubt. So an attempt
 writes its report (the ``CompleteRequest``) to the outbox before the caller
 gets the envelope, and the caller does not wait for the plane: a thread of the
 runtime's own sends the report, and while the plane is away it tries again,
-with growing pauses, for as long as it takes. Sending a report twice is
+with growing pauses, for as long as it takes. A report waits a moment
+(``REPORT_DELAY_S``) for the reports of the next calls, so that they reach the
+plane together, in one call and one commit. Sending a report twice is
 harmless: the plane answers a report it took before with the record it made.
 
 The outbox is a small SQLite file per service (or memory, when turned off).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import fcntl
 import json
 import logging
@@ -50,6 +53,13 @@ log = logging.getLogger("warden")
 
 HEARTBEAT_S: Final = 5.0
 """How often a process says it lives; three missed beats and its reports are taken over."""
+REPORT_DELAY_S: Final = 0.05
+"""How long a report waits for others to go with it. Sent at once, each report
+costs the plane a call and a commit of its own, made beside the runtime's next
+``Begin`` (which then waits for both); gathered, the reports of the calls made
+meanwhile go in one ``CompleteMany`` call and one commit. A full call's worth
+goes at once, and everything goes at once when someone waits for it
+(``flush``, a call repeating an idempotency key, closing)."""
 CALLS_AT_ONCE: Final = 4
 """``CompleteMany`` calls in flight to the plane at one time. While they are,
 the reports that come due wait and go together in the next call: a report is
@@ -259,6 +269,9 @@ class Outbox:
         # Everything below belongs to the outbox's own event loop.
         self._loop = asyncio.new_event_loop()
         self._due: deque[_Report] = deque()
+        self._ripe = False
+        """The due reports have waited long enough: send them as calls allow."""
+        self._delay: asyncio.TimerHandle | None = None
         self._sending = 0
         """Calls in flight."""
         self._away_pause = AWAY_PAUSES_S[0]
@@ -335,6 +348,7 @@ class Outbox:
         with self._lock:
             taken = self._by_scope.get(scope)
         if taken is not None:
+            self._hurry()
             await asyncio.wait([asyncio.wrap_future(taken)], timeout=timeout_s)
 
     def flush(self, timeout_s: float | None = None) -> int:
@@ -342,6 +356,8 @@ class Outbox:
         ``timeout_s`` has passed; returns how many still wait."""
         with self._lock:
             waiting = list(self._waiting.values())
+        if waiting:
+            self._hurry()
         _, left = concurrent.futures.wait(waiting, timeout=timeout_s)
         return len(left)
 
@@ -359,6 +375,11 @@ class Outbox:
             where = f"in {self.path}" if self.path else "in memory, and are lost"
             log.warning("%d outcome reports the plane has not taken are left %s", left, where)
         return left
+
+    def _hurry(self) -> None:
+        """Send every due report now (someone waits for one)."""
+        with contextlib.suppress(RuntimeError):  # a closed loop sends nothing any more
+            self._loop.call_soon_threadsafe(self._send_now)
 
     def _hold(self, invocation_id: str) -> concurrent.futures.Future[None]:
         """A report to wait for: settled when the plane takes (or refuses) it."""
@@ -394,12 +415,25 @@ class Outbox:
 
     def _enqueue(self, report: _Report) -> None:
         self._due.append(report)
+        if self._delay is None:
+            self._delay = self._loop.call_later(REPORT_DELAY_S, self._send_now)
+        self._pump()
+
+    def _send_now(self) -> None:
+        """The due reports have waited enough (or someone waits for them)."""
+        if self._delay is not None:
+            self._delay.cancel()
+            self._delay = None
+        self._ripe = True
         self._pump()
 
     def _pump(self) -> None:
-        """Start sending what is due, unless the plane is away: then one report
-        at a time probes whether it is back."""
+        """Start sending what is due once it has waited its moment or fills a
+        call, unless the plane is away: then one report at a time probes
+        whether it is back."""
         if self._loop.time() < self._resume_at:
+            return
+        if not self._ripe and len(self._due) < REPORTS_PER_CALL:
             return
         limit = SENDING_AT_ONCE if self._one_by_one else CALLS_AT_ONCE
         if self._probing:
@@ -407,6 +441,8 @@ class Outbox:
         while self._due and self._sending < limit:
             self._sending += 1
             self._spawn(self._send(self._next_batch(), many=not self._one_by_one))
+        if not self._due:
+            self._ripe = False
 
     def _next_batch(self) -> list[_Report]:
         """The due reports for one call: up to ``REPORTS_PER_CALL`` of them and
@@ -431,6 +467,7 @@ class Outbox:
             if many and code == "UNIMPLEMENTED":
                 self._one_by_one = True  # an older plane: it still takes Complete
                 self._due.extendleft(reversed(batch))
+                self._ripe = True  # they have waited their moment already
             else:
                 answers = [(code, str(cause))] * len(batch)
                 self._settle_answers(batch, answers)
@@ -506,7 +543,7 @@ class Outbox:
         self._away_pause = min(self._away_pause * 2, AWAY_PAUSES_S[1])
         self._probing = True
         self._resume_at = self._loop.time() + pause
-        self._loop.call_later(pause, self._pump)
+        self._loop.call_later(pause, self._send_now)
 
     def _took(self, invocation_id: str) -> None:
         self._probing = False

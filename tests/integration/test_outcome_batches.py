@@ -1,5 +1,7 @@
 """The outbox sends the reports due together in one CompleteMany call, which
-the plane commits together, and reports one by one to a plane without it."""
+the plane commits together, and reports one by one to a plane without it. A
+report waits a moment for the reports of the next calls, unless someone waits
+for it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 
 import warden
 from tests.conftest import ORDERS_TOKEN, Plant
+from warden import _outbox
 from tests.integration.lab import Lab, build_lab
 from warden_server.telemetry.metrics import Metrics
 
@@ -62,6 +65,51 @@ def test_reports_due_together_are_sent_in_few_calls_and_each_is_recorded_once(
         assert outcome["trace_id"] == decision["trace_id"] is not None
     assert calls_of(metrics, COMPLETE) == 0
     assert 1 <= calls_of(metrics, COMPLETE_MANY) < CALLS
+
+
+@pytest.mark.single_process  # counts the calls one process's metrics saw
+def test_the_reports_of_calls_made_one_after_another_go_together(
+    lab_plant: Plant, lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One call at a time: each report waits for the next calls' (a long
+    moment here, so that a slow machine cannot split them), and all go in one
+    CompleteMany call instead of one call and one commit each."""
+    monkeypatch.setattr(_outbox, "REPORT_DELAY_S", 3.0)
+    metrics = lab_plant.server.plane.telemetry.metrics
+    rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
+    try:
+        rt.register()
+        envelopes = [rt.invoke("orders.echo", {"n": n}, actor=lab_plant.token()) for n in range(8)]
+        assert calls_of(metrics, COMPLETE_MANY) == 0  # still waiting for company
+        assert rt.flush(timeout_ms=10_000) == 0
+    finally:
+        rt.close()
+    assert [e.status for e in envelopes] == ["succeeded"] * 8
+    assert calls_of(metrics, COMPLETE_MANY) == 1
+    for envelope in envelopes:
+        assert len(lab_plant.events(kind="outcome", invocation_id=envelope.invocation_id)) == 1
+
+
+def test_a_report_someone_waits_for_goes_at_once(
+    lab_plant: Plant, lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flushing, or repeating an idempotency key whose call is still to be
+    reported, sends what is due without waiting the moment out."""
+    monkeypatch.setattr(_outbox, "REPORT_DELAY_S", 600.0)
+    rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab, governance_timeout_ms=5_000)
+    admin = lab_plant.token(roles=("admin",))
+    try:
+        rt.register()
+        first = rt.invoke("orders.admin", {"n": 3}, actor=admin, idempotency_key="k-3")
+        again = rt.invoke("orders.admin", {"n": 3}, actor=admin, idempotency_key="k-3")
+        echoed = rt.invoke("orders.echo", {"n": 4}, actor=lab_plant.token())
+        assert rt.flush(timeout_ms=5_000) == 0
+    finally:
+        rt.close()
+    assert (first.status, again.status) == ("succeeded", "succeeded")
+    assert again.replayed_from == first.invocation_id
+    assert lab.count("admin") == 1
+    assert len(lab_plant.events(kind="outcome", invocation_id=echoed.invocation_id)) == 1
 
 
 @contextmanager
