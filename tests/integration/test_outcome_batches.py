@@ -16,8 +16,8 @@ import pytest
 
 import warden
 from tests.conftest import ORDERS_TOKEN, Plant
-from warden import _outbox
 from tests.integration.lab import Lab, build_lab
+from warden import _outbox
 from warden_server.telemetry.metrics import Metrics
 
 CALLS = 40

@@ -3,6 +3,8 @@ with one fsync, and one that fails is rolled back alone."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -72,6 +74,43 @@ def test_transactions_that_wait_commit_together_and_a_failure_is_undone_alone(
         assert isinstance(results["doomed"], RuntimeError)
         seqs = sorted(v for k, v in results.items() if k != "doomed")
         assert seqs == list(range(1, WAITING + 1)), "the failed one left no gap"
+        assert verify(store).ok
+    finally:
+        store.close()
+
+
+def test_work_that_comes_while_another_process_writes_joins_the_waiting_batch(
+    tmp_path: Path,
+) -> None:
+    """Processes sharing a store take turns; a writer that waited for its turn
+    commits what reached its queue meanwhile with the work it was holding."""
+    batches = Batches()
+    path = tmp_path / "audit.db"
+    store = SQLiteStore(path, observer=batches)
+    other_process = os.open(f"{path}.writer-lock", os.O_RDWR)
+    fcntl.flock(other_process, fcntl.LOCK_EX)
+
+    def append(status: str) -> None:
+        store.transact(lambda tx: tx.append_audit(AuditEvent(kind="policy", status=status)))
+
+    threads = [threading.Thread(target=append, args=("held",))]
+    threads[0].start()
+    deadline = time.monotonic() + 5
+    while store._queue.qsize() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.1)  # the writer holds "held" and waits for its turn
+    threads += [threading.Thread(target=append, args=(f"t{i}",)) for i in range(WAITING)]
+    for thread in threads[1:]:
+        thread.start()
+    while store._queue.qsize() < WAITING and time.monotonic() < deadline:
+        time.sleep(0.001)
+    fcntl.flock(other_process, fcntl.LOCK_UN)
+    os.close(other_process)
+    for thread in threads:
+        thread.join(5)
+    try:
+        assert [n for n, _ in batches.seen] == [WAITING + 1]
+        assert batches.seen[0][1][0] == "held"
         assert verify(store).ok
     finally:
         store.close()

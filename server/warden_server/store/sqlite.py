@@ -10,7 +10,10 @@ between batches (a batch may pass ``max_batch`` by such a group).
 
 The chain head is read inside each batch's write transaction, so another
 process writing to the same file (``warden audit prune`` beside a running
-plane) extends the same chain instead of forking it.
+plane) extends the same chain instead of forking it. Processes sharing the
+file take turns through a lock file; a writer that had to wait for its turn
+takes in what reached its queue meanwhile before it begins, so the busier the
+processes, the fewer and larger their commits.
 """
 
 from __future__ import annotations
@@ -386,6 +389,8 @@ class SQLiteStore:
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._stopping = False
+        """The writer has taken the stop marker from its queue: this batch is its last."""
         self._closed = False
         self.batches_committed = 0
         self._writer = threading.Thread(
@@ -529,26 +534,27 @@ class SQLiteStore:
     def _run_writer(self) -> None:
         conn = self._write_conn
         tx = SQLiteTransaction(conn, self._head, self._sealed)
-        while True:
+        while not self._stopping:
             first = self._queue.get()
             if first is _STOP:
                 break
             batch: list[_Job] = list(first)
-            stop_after = False
-            while len(batch) < self._max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stop_after = True
-                    break
-                batch.extend(item)
+            self._take_waiting(batch)
             self._commit_batch(conn, tx, batch)
-            if stop_after:
-                break
         conn.close()
         os.close(self._turns)
+
+    def _take_waiting(self, batch: list[_Job]) -> None:
+        """Add the work waiting in the queue to ``batch``, up to ``max_batch``."""
+        while len(batch) < self._max_batch and not self._stopping:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is _STOP:
+                self._stopping = True
+            else:
+                batch.extend(item)
 
     def _commit_batch(
         self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Job]
@@ -557,6 +563,7 @@ class SQLiteStore:
         events: list[AuditEvent] = []
         started = time.perf_counter()
         fcntl.flock(self._turns, fcntl.LOCK_EX)
+        self._take_waiting(batch)  # what came while another process had its turn
         try:
             conn.execute("BEGIN IMMEDIATE")
             self._load_chain_head()
