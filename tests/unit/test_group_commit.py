@@ -3,15 +3,17 @@ with one fsync, and one that fails is rolled back alone."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from warden_server.audit.reader import verify
 from warden_server.records.events import AuditEvent
+from warden_server.records.query import RecordFilter
 from warden_server.store import SQLiteStore, WriteTransaction
 
 WAITING = 10
@@ -126,5 +128,38 @@ def test_the_works_of_one_transact_each_are_never_split_between_batches(tmp_path
         )
         assert results == [1, 2, 3, 4, 5]
         assert batches.seen == [(5, statuses)]
+    finally:
+        store.close()
+
+
+def test_a_batch_runs_without_savepoints_until_a_piece_of_work_fails(tmp_path: Path) -> None:
+    """Savepoints cost two statements per piece of work: a batch takes them
+    only to undo a failure alone, and after a failure the next batch starts
+    with them instead of running twice."""
+    store = SQLiteStore(tmp_path / "audit.db")
+    statements: list[str] = []
+    store._write_conn.set_trace_callback(statements.append)
+
+    def append(tx: WriteTransaction) -> int:
+        return tx.append_audit(AuditEvent(kind="policy", status="fine"))
+
+    def fail(tx: WriteTransaction) -> int:
+        tx.append_audit(AuditEvent(kind="policy", status="undone"))
+        raise RuntimeError("refused")
+
+    def run(work: Callable[[WriteTransaction], int]) -> list[str]:
+        statements.clear()
+        with contextlib.suppress(RuntimeError):
+            store.transact(work)
+        return [s.split()[0] for s in statements if s.split()[0] in ("SAVEPOINT", "ROLLBACK")]
+
+    try:
+        assert run(append) == []
+        assert run(fail) == ["ROLLBACK", "SAVEPOINT", "ROLLBACK"]  # again, in a savepoint
+        assert run(fail) == ["SAVEPOINT", "ROLLBACK"]  # at once in a savepoint
+        assert run(append) == ["SAVEPOINT"]
+        assert run(append) == []
+        assert [r["status"] for r in store.audit_records(RecordFilter())] == ["fine"] * 3
+        assert verify(store).ok
     finally:
         store.close()

@@ -1,10 +1,11 @@
 """The SQLite store: WAL, one writer thread with group commit, per-thread readers.
 
 One thread owns the write connection. Callers hand it work through a queue;
-it takes everything waiting, runs each piece of work inside its own SAVEPOINT
-of one transaction, and commits once (``synchronous=FULL``), so many
-concurrent requests' audit records become durable with a single fsync. A
-piece of work that raises is rolled back to its savepoint alone. The works
+it takes everything waiting, runs each piece of work in one transaction, and
+commits once (``synchronous=FULL``), so many concurrent requests' audit
+records become durable with a single fsync. A piece of work that raises is
+undone alone: the batch runs again with each piece of work in a SAVEPOINT of
+its own (``_run_batch``). The works
 of one ``transact_each`` reach the queue as one item, so they are never split
 between batches (a batch may pass ``max_batch`` by such a group).
 
@@ -391,6 +392,8 @@ class SQLiteStore:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._stopping = False
         """The writer has taken the stop marker from its queue: this batch is its last."""
+        self._failed_last = False
+        """A piece of work of the last batch failed: run the next with savepoints."""
         self._closed = False
         self.batches_committed = 0
         self._writer = threading.Thread(
@@ -559,33 +562,17 @@ class SQLiteStore:
     def _commit_batch(
         self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Job]
     ) -> None:
-        outcomes: list[tuple[_Job, Any, BaseException | None]] = []
-        events: list[AuditEvent] = []
         started = time.perf_counter()
         fcntl.flock(self._turns, fcntl.LOCK_EX)
         self._take_waiting(batch)  # what came while another process had its turn
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            self._load_chain_head()
-            for job in batch:
-                if job.deadline is not None and time.monotonic() > job.deadline:
-                    # Its requester has stopped waiting: what it would write must not exist.
-                    outcomes.append((job, None, StoreError("the request's deadline passed")))
-                    continue
-                head = (self._head.seq, self._head.hash)
-                tx.appended = []
-                conn.execute("SAVEPOINT job")
-                try:
-                    result = job.context.run(job.work, tx)
-                except Exception as exc:
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
-                    self._head.seq, self._head.hash = head
-                    outcomes.append((job, None, exc))
-                else:
-                    conn.execute("RELEASE job")
-                    outcomes.append((job, result, None))
-                    events.extend(tx.appended)
+            ran = self._run_batch(conn, tx, batch, savepoints=self._failed_last)
+            if ran is None:  # a piece of work failed: again, each in a savepoint
+                conn.execute("ROLLBACK")
+                ran = self._run_batch(conn, tx, batch, savepoints=True)
+            assert ran is not None
+            outcomes, events = ran
+            self._failed_last = any(failure for _, _, failure in outcomes)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.exception("store commit failed; %d transactions rolled back", len(batch))
@@ -609,6 +596,57 @@ class SQLiteStore:
                 job.future.set_result(result)
             else:
                 job.future.set_exception(failure)
+
+    def _run_batch(
+        self,
+        conn: sqlite3.Connection,
+        tx: SQLiteTransaction,
+        batch: list[_Job],
+        *,
+        savepoints: bool,
+    ) -> tuple[list[tuple[_Job, Any, BaseException | None]], list[AuditEvent]] | None:
+        """Run the work of ``batch`` in one write transaction, left open.
+
+        With ``savepoints``, each piece of work runs in its own and one that
+        raises is undone alone. Without (two statements fewer per piece of
+        work, each a wait for the interpreter while other threads run), the
+        first one that raises ends the run: None, and the caller rolls back
+        and runs the batch again with savepoints. Which way the last batch
+        went decides the next, so a stream of refusals pays the second run
+        once, not per batch.
+        """
+        conn.execute("BEGIN IMMEDIATE")
+        self._load_chain_head()
+        outcomes: list[tuple[_Job, Any, BaseException | None]] = []
+        events: list[AuditEvent] = []
+        for job in batch:
+            if job.deadline is not None and time.monotonic() > job.deadline:
+                # Its requester has stopped waiting: what it would write must not exist.
+                outcomes.append((job, None, StoreError("the request's deadline passed")))
+                continue
+            tx.appended = []
+            if not savepoints:
+                try:
+                    result = job.context.run(job.work, tx)
+                except Exception:
+                    return None
+                outcomes.append((job, result, None))
+                events.extend(tx.appended)
+                continue
+            head = (self._head.seq, self._head.hash)
+            conn.execute("SAVEPOINT job")
+            try:
+                result = job.context.run(job.work, tx)
+            except Exception as exc:
+                conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
+                self._head.seq, self._head.hash = head
+                outcomes.append((job, None, exc))
+            else:
+                conn.execute("RELEASE job")
+                outcomes.append((job, result, None))
+                events.extend(tx.appended)
+        return outcomes, events
 
     def leads(self) -> bool:
         # The processes sharing a file are one plane: its first process, the
