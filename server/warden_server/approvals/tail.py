@@ -40,6 +40,7 @@ class ApprovalTail:
         self._hub = hub
         self._interval = interval
         self._seq = store.last_seq()
+        """The last record read: every record up to it has been looked at."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="warden-approval-tail", daemon=True)
 
@@ -51,11 +52,24 @@ class ApprovalTail:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
+    @property
+    def read_through(self) -> int:
+        """The sequence number of the last record read."""
+        return self._seq
+
     def poll(self) -> int:
-        """Deliver what was committed since the last poll; returns how many changes."""
+        """Deliver what was committed since the last poll; returns how many changes.
+
+        The records read are those up to the newest at the start of the poll:
+        sequence numbers are given in commit order, so every record up to it
+        is committed, and the next poll starts after it whether or not any of
+        them was an approval's (otherwise every poll of a plane without
+        approvals would read the whole log written since it started).
+        """
         delivered = 0
+        newest = self._store.last_seq()
         while True:
-            found = self._store.approval_transitions(self._seq, BATCH)
+            found = self._store.approval_transitions(self._seq, newest, BATCH)
             for seq, transition, approval_id in found:
                 self._seq = seq
                 record = self._store.get_approval(approval_id)
@@ -66,6 +80,7 @@ class ApprovalTail:
                 self._hub.deliver([ApprovalChange(transition, record, seq)])  # type: ignore[arg-type]
                 delivered += 1
             if len(found) < BATCH:
+                self._seq = max(self._seq, newest)
                 return delivered
 
     def _run(self) -> None:

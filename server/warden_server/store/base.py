@@ -268,10 +268,13 @@ class ApprovalReads(Protocol):
         """A tenant's approvals, newest first; only those in ``states`` unless empty."""
         ...
 
-    def approval_transitions(self, after_seq: int, limit: int) -> list[tuple[int, str, str]]:
+    def approval_transitions(
+        self, after_seq: int, through_seq: int, limit: int
+    ) -> list[tuple[int, str, str]]:
         """``(seq, transition, approval_id)`` of the approval records after
-        ``after_seq``, oldest first: how a plane hears of other processes'
-        approval changes."""
+        ``after_seq`` up to ``through_seq``, oldest first: how a plane hears of
+        other processes' approval changes. Bounded on both sides, so that a
+        poll reads only the records committed since the last one."""
         ...
 
 

@@ -677,11 +677,13 @@ class PostgresStore:
         )
         return self._sealed.capability(row) if row else None
 
-    def approval_transitions(self, after_seq: int, limit: int) -> list[tuple[int, str, str]]:
+    def approval_transitions(
+        self, after_seq: int, through_seq: int, limit: int
+    ) -> list[tuple[int, str, str]]:
         rows = self._rows(
             "SELECT seq, status, approval_id FROM audit_events "
-            "WHERE seq > %s AND kind = 'approval' ORDER BY seq LIMIT %s",
-            (after_seq, limit),
+            "WHERE seq > %s AND seq <= %s AND kind = 'approval' ORDER BY seq LIMIT %s",
+            (after_seq, through_seq, limit),
         )
         return [(int(r["seq"]), str(r["status"]), str(r["approval_id"])) for r in rows]
 

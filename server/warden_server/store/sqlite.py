@@ -675,11 +675,13 @@ class SQLiteStore:
         )
         return self._sealed.capability(row) if row else None
 
-    def approval_transitions(self, after_seq: int, limit: int) -> list[tuple[int, str, str]]:
+    def approval_transitions(
+        self, after_seq: int, through_seq: int, limit: int
+    ) -> list[tuple[int, str, str]]:
         rows = self._reader().execute(
             "SELECT seq, status, approval_id FROM audit_events "
-            "WHERE seq > ? AND kind = 'approval' ORDER BY seq LIMIT ?",
-            (after_seq, limit),
+            "WHERE seq > ? AND seq <= ? AND kind = 'approval' ORDER BY seq LIMIT ?",
+            (after_seq, through_seq, limit),
         )
         return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
