@@ -168,6 +168,8 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
     )
     reservation = ctx.reservation
     counted = ctx.limits.calls if ctx.limits is not None else ()
+    # Built here, not in the store's writer, whose time every process waits for.
+    decided = _decision_event(plane, ctx, "granted", None)
 
     def work(tx: WriteTransaction) -> None:
         _claim(tx, request.invocation_id)
@@ -191,7 +193,10 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
                 raise LimitReached(admission.refusal)
             ctx.limited = [{**r.to_json(), "mode": "audit"} for r in admission.would_have]
         tx.insert_invocation(invocation)
-        tx.append_audit(_decision_event(plane, ctx, "granted", None))
+        # What a limit in audit mode would have refused is known only now.
+        tx.append_audit(
+            dataclasses.replace(decided, rules=_rules_json(ctx)) if ctx.limited else decided
+        )
 
     # A grant is never committed once its requester has stopped waiting for it.
     plane.store.transact(work, deadline=request.deadline)
