@@ -140,6 +140,27 @@ def test_transact_each_commits_the_works_together_and_a_failure_is_undone_alone(
     assert verify(store).ok
 
 
+def test_batches_after_a_failure_commit_as_before(store: Store) -> None:
+    """A failure makes the next batch take savepoints; the one after goes
+    back to running without them. Results and the chain are the same."""
+
+    def fails(tx: WriteTransaction) -> int:
+        tx.append_audit(decision(9))
+        raise ValueError("no")
+
+    def appends(n: int) -> Callable[[WriteTransaction], int]:
+        return lambda tx: tx.append_audit(decision(n))
+
+    assert store.transact(appends(1)) == 1
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            store.transact(fails)
+    assert store.transact(appends(3)) == 2
+    assert store.transact(appends(4)) == 3
+    assert [r["invocation_id"] for r in store.audit_records()] == ["inv-1", "inv-3", "inv-4"]
+    assert verify(store).ok
+
+
 def test_transact_each_past_its_deadline_runs_none(store: Store) -> None:
     results = store.transact_each([lambda tx: tx.append_audit(decision(1))] * 2, deadline=0.0)
     assert [type(r) for r in results] == [StoreError, StoreError]
