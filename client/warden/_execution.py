@@ -178,7 +178,8 @@ class AttemptRunner:
         budget_s = grant.timeout_ms / 1000 if grant.timeout_ms else None
         ran = threading.Event()
         try:
-            result = await asyncio.wait_for(self._run(spec, model, ctx, ran), budget_s)
+            async with asyncio.timeout(budget_s):
+                result = await self._run(spec, model, ctx, ran)
         except TimeoutError as exc:
             error = CapabilityError("TIMEOUT", cause=exc)
             return self._report(granted, error, executed=ran.is_set())

@@ -319,20 +319,20 @@ class Runtime:
         cancel: CancelToken | None = None,
     ) -> Envelope:
         """Invoke a capability for an actor; see ``ainvoke``."""
-        return self._sync(
-            self.ainvoke(
-                capability_id,
-                input,
-                actor=actor,
-                context=context,
-                surface=surface,
-                approval_id=approval_id,
-                idempotency_key=idempotency_key,
-                timeout_ms=timeout_ms,
-                retry=retry,
-                cancel=cancel,
-            )
+        call = self._new_call(
+            capability_id,
+            input,
+            actor=actor,
+            context=context,
+            surface=surface,
+            approval_id=approval_id,
+            idempotency_key=idempotency_key,
+            timeout_ms=timeout_ms,
+            retry=retry,
         )
+        # The task the loop thread runs it in is this call's alone: no caller
+        # can cancel it but through ``cancel``, so it needs no shelter (``_to_the_end``).
+        return self._sync(self._traced_call(call, cancel))
 
     @in_invocation_trace
     async def ainvoke(
@@ -376,9 +376,35 @@ class Runtime:
         Raises:
             WardenError: ``timeout_ms`` is not positive.
         """
+        call = self._new_call(
+            capability_id,
+            input,
+            actor=actor,
+            context=context,
+            surface=surface,
+            approval_id=approval_id,
+            idempotency_key=idempotency_key,
+            timeout_ms=timeout_ms,
+            retry=retry,
+        )
+        return await _to_the_end(self._call_in_task(call, cancel))
+
+    def _new_call(
+        self,
+        capability_id: str,
+        input: Mapping[str, Any] | BaseModel | str,
+        *,
+        actor: str | None,
+        context: Mapping[str, Any] | None,
+        surface: str,
+        approval_id: str | None,
+        idempotency_key: str | None,
+        timeout_ms: int | None,
+        retry: RetryPolicy | None,
+    ) -> _Call:
         if timeout_ms is not None and timeout_ms <= 0:
             raise WardenError("timeout_ms must be positive")
-        call = _Call(
+        return _Call(
             capability_id=capability_id,
             input_json=_encode_input(input),
             actor=actor or "",
@@ -389,7 +415,10 @@ class Runtime:
             timeout_ms=timeout_ms or 0,
             retry=retry or self.retry,
         )
-        return await _to_the_end(self._call_in_task(call, cancel))
+
+    @in_invocation_trace
+    async def _traced_call(self, call: _Call, cancel: CancelToken | None) -> Envelope:
+        return await self._call_in_task(call, cancel)
 
     async def _call_in_task(self, call: _Call, cancel: CancelToken | None) -> Envelope:
         with cancel.bound_to_current_task() if cancel else contextlib.nullcontext():
