@@ -18,15 +18,12 @@ connection string follows libpq: the password comes from ``PGPASSWORD``, a
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import logging
-import queue
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -55,6 +52,7 @@ from warden_server.store.records import (
     ReplicaRecord,
 )
 from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
+from warden_server.store.writer import Job, Outcome, Ran, WorkQueue, answer, refuse
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -64,7 +62,6 @@ SCHEMES: Final = ("postgresql", "postgres")
 LEADER_LOCK: Final = 0x57415244454E4C44
 """The advisory lock whose holder runs the cluster's periodic work."""
 _PURGE_BATCH = 100
-_STOP = object()
 
 
 class _RunAgain(Exception):
@@ -142,14 +139,7 @@ def _reason(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-class _Job:
-    __slots__ = ("context", "deadline", "future", "work")
-
-    def __init__(self, work: Callable[[PostgresTransaction], Any], deadline: float | None) -> None:
-        self.work = work
-        self.deadline = deadline
-        self.future: Future[Any] = Future()
-        self.context = contextvars.copy_context()
+_Job = Job["PostgresTransaction"]
 
 
 class PostgresTransaction:
@@ -447,7 +437,6 @@ class PostgresStore:
     ) -> None:
         self.url = url
         self.path = key_base
-        self._max_batch = max_batch
         self._observer = observer
         self._reported: set[tuple[str, str]] = set()
         self._closed = False
@@ -474,9 +463,7 @@ class PostgresStore:
         except BaseException:
             self._write_conn.close()
             raise
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._stopping = False
-        """The writer has taken the stop marker from its queue: this batch is its last."""
+        self._queue = WorkQueue(max_batch)
         self._failed_last = False
         """A piece of work of the last batch failed: run the next with savepoints."""
         self._writer = threading.Thread(
@@ -555,26 +542,9 @@ class PostgresStore:
             self._queue.put([_Job(lambda tx: tx.append_audit(event), None)])
 
     def _run_writer(self) -> None:
-        while not self._stopping:
-            first = self._queue.get()
-            if first is _STOP:
-                break
-            batch: list[_Job] = list(first)
-            self._take_waiting(batch)
+        while (batch := self._queue.next_batch()) is not None:
             self._commit_batch(batch)
         self._write_conn.close()
-
-    def _take_waiting(self, batch: list[_Job]) -> None:
-        """Add the work waiting in the queue to ``batch``, up to ``max_batch``."""
-        while len(batch) < self._max_batch and not self._stopping:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is _STOP:
-                self._stopping = True
-            else:
-                batch.extend(item)
 
     def _commit_batch(self, batch: list[_Job]) -> None:
         started = time.perf_counter()
@@ -587,27 +557,15 @@ class PostgresStore:
             if ran is None:  # a piece of work failed: again, each in a savepoint
                 ran = self._run_batch(conn, tx, batch, savepoints=True)
             assert ran is not None
-            outcomes, events = ran
-            self._failed_last = any(failure for _, _, failure in outcomes)
+            self._failed_last = any(failure for _, _, failure in ran[0])
         except (psycopg.Error, StoreError) as exc:
             log.error("store commit failed (%s); %d transactions rolled back", exc, len(batch))
             if not self._write_conn.closed and self._write_conn.broken:
                 self._write_conn.close()
-            error = StoreError(f"the store could not commit: {_reason(exc)}")
-            for job in batch:
-                job.future.set_exception(error)
+            refuse(batch, StoreError(f"the store could not commit: {_reason(exc)}"))
             return
         self.batches_committed += 1
-        if self._observer is not None:
-            try:
-                self._observer.committed(len(batch), events, time.perf_counter() - started)
-            except Exception:
-                log.exception("the store observer failed; the batch is committed")
-        for job, result, failure in outcomes:
-            if failure is None:
-                job.future.set_result(result)
-            else:
-                job.future.set_exception(failure)
+        answer(ran, batch, self._observer, time.perf_counter() - started)
 
     def _run_batch(
         self,
@@ -616,13 +574,13 @@ class PostgresStore:
         batch: list[_Job],
         *,
         savepoints: bool,
-    ) -> tuple[list[tuple[_Job, Any, BaseException | None]], list[AuditEvent]] | None:
+    ) -> Ran | None:
         """Run and commit the work of ``batch`` in one transaction, as the
         SQLite store does (``SQLiteStore._run_batch``): without savepoints (two
         round trips fewer per piece of work) the first piece of work that
         raises rolls the whole back and returns None; with them, each is
         undone alone."""
-        outcomes: list[tuple[_Job, Any, BaseException | None]] = []
+        outcomes: list[Outcome] = []
         events: list[AuditEvent] = []
         try:
             with conn.transaction():
@@ -631,7 +589,7 @@ class PostgresStore:
                     "SELECT seq, hash FROM chain_head WHERE id = 1 FOR UPDATE"
                 ).fetchone()
                 assert head is not None
-                self._take_waiting(batch)  # what came while another replica had its turn
+                self._queue.take_waiting(batch)  # what came while another replica had its turn
                 tx.seq, tx.hash = int(head["seq"]), str(head["hash"])
                 for job in batch:
                     if job.deadline is not None and time.monotonic() > job.deadline:
@@ -849,7 +807,7 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
-        self._queue.put(_STOP)
+        self._queue.stop()
         self._writer.join()
         self._pool.close()
         with self._leader_lock:

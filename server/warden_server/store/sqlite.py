@@ -19,17 +19,14 @@ processes, the fewer and larger their commits.
 
 from __future__ import annotations
 
-import contextvars
 import fcntl
 import json
 import logging
 import os
-import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -53,6 +50,7 @@ from warden_server.store.records import (
     ReplicaRecord,
 )
 from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
+from warden_server.store.writer import Job, Outcome, Ran, WorkQueue, answer, refuse
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -76,7 +74,6 @@ _INSERT_APPROVAL = _insert("approvals", ApprovalRecord, sealed=True)
 _UPSERT_REPLICA = replica_sql.upsert(":{}")
 
 
-_STOP = object()
 _PURGE_BATCH = 100
 """Expired idempotency keys purged per reservation: bounded work per request."""
 WRITER_CACHE_KIB = 65_536
@@ -99,17 +96,7 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-class _Job:
-    __slots__ = ("context", "deadline", "future", "work")
-
-    def __init__(self, work: Callable[[SQLiteTransaction], Any], deadline: float | None) -> None:
-        self.work = work
-        self.deadline = deadline
-        self.future: Future[Any] = Future()
-        # The work runs on the writer thread but in its caller's context, so
-        # what it reads from there (the current trace, for a record it builds)
-        # is the caller's.
-        self.context = contextvars.copy_context()
+_Job = Job["SQLiteTransaction"]
 
 
 @dataclass(slots=True)
@@ -381,7 +368,6 @@ class SQLiteStore:
         self, path: str | Path, *, max_batch: int = 512, observer: StoreObserver | None = None
     ) -> None:
         self.path = Path(path)
-        self._max_batch = max_batch
         self._observer = observer
         self._reported: set[tuple[str, str]] = set()
         self._head = _ChainHead(0, GENESIS)
@@ -389,9 +375,7 @@ class SQLiteStore:
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._stopping = False
-        """The writer has taken the stop marker from its queue: this batch is its last."""
+        self._queue = WorkQueue(max_batch)
         self._failed_last = False
         """A piece of work of the last batch failed: run the next with savepoints."""
         self._closed = False
@@ -537,42 +521,24 @@ class SQLiteStore:
     def _run_writer(self) -> None:
         conn = self._write_conn
         tx = SQLiteTransaction(conn, self._head, self._sealed)
-        while not self._stopping:
-            first = self._queue.get()
-            if first is _STOP:
-                break
-            batch: list[_Job] = list(first)
-            self._take_waiting(batch)
+        while (batch := self._queue.next_batch()) is not None:
             self._commit_batch(conn, tx, batch)
         conn.close()
         os.close(self._turns)
-
-    def _take_waiting(self, batch: list[_Job]) -> None:
-        """Add the work waiting in the queue to ``batch``, up to ``max_batch``."""
-        while len(batch) < self._max_batch and not self._stopping:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is _STOP:
-                self._stopping = True
-            else:
-                batch.extend(item)
 
     def _commit_batch(
         self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Job]
     ) -> None:
         started = time.perf_counter()
         fcntl.flock(self._turns, fcntl.LOCK_EX)
-        self._take_waiting(batch)  # what came while another process had its turn
+        self._queue.take_waiting(batch)  # what came while another process had its turn
         try:
             ran = self._run_batch(conn, tx, batch, savepoints=self._failed_last)
             if ran is None:  # a piece of work failed: again, each in a savepoint
                 conn.execute("ROLLBACK")
                 ran = self._run_batch(conn, tx, batch, savepoints=True)
             assert ran is not None
-            outcomes, events = ran
-            self._failed_last = any(failure for _, _, failure in outcomes)
+            self._failed_last = any(failure for _, _, failure in ran[0])
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.exception("store commit failed; %d transactions rolled back", len(batch))
@@ -580,22 +546,11 @@ class SQLiteStore:
                 conn.execute("ROLLBACK")
             self._load_chain_head()
             fcntl.flock(self._turns, fcntl.LOCK_UN)
-            error = StoreError(f"the store could not commit: {exc}")
-            for job in batch:
-                job.future.set_exception(error)
+            refuse(batch, StoreError(f"the store could not commit: {exc}"))
             return
         fcntl.flock(self._turns, fcntl.LOCK_UN)
         self.batches_committed += 1
-        if self._observer is not None:
-            try:
-                self._observer.committed(len(batch), events, time.perf_counter() - started)
-            except Exception:
-                log.exception("the store observer failed; the batch is committed")
-        for job, result, failure in outcomes:
-            if failure is None:
-                job.future.set_result(result)
-            else:
-                job.future.set_exception(failure)
+        answer(ran, batch, self._observer, time.perf_counter() - started)
 
     def _run_batch(
         self,
@@ -604,7 +559,7 @@ class SQLiteStore:
         batch: list[_Job],
         *,
         savepoints: bool,
-    ) -> tuple[list[tuple[_Job, Any, BaseException | None]], list[AuditEvent]] | None:
+    ) -> Ran | None:
         """Run the work of ``batch`` in one write transaction, left open.
 
         With ``savepoints``, each piece of work runs in its own and one that
@@ -617,7 +572,7 @@ class SQLiteStore:
         """
         conn.execute("BEGIN IMMEDIATE")
         self._load_chain_head()
-        outcomes: list[tuple[_Job, Any, BaseException | None]] = []
+        outcomes: list[Outcome] = []
         events: list[AuditEvent] = []
         for job in batch:
             if job.deadline is not None and time.monotonic() > job.deadline:
@@ -826,7 +781,7 @@ class SQLiteStore:
         if self._closed:
             return
         self._closed = True
-        self._queue.put(_STOP)
+        self._queue.stop()
         self._writer.join()
         with self._readers_lock:
             for conn in self._readers:
