@@ -11,10 +11,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import pytest
+
 from warden_server.audit.reader import verify
 from warden_server.records.events import AuditEvent
 from warden_server.records.query import RecordFilter
-from warden_server.store import SQLiteStore, WriteTransaction
+from warden_server.store import SQLiteStore, StoreError, WriteTransaction
+from warden_server.store.writer import Job
 
 WAITING = 10
 
@@ -163,3 +166,14 @@ def test_a_batch_runs_without_savepoints_until_a_piece_of_work_fails(tmp_path: P
         assert verify(store).ok
     finally:
         store.close()
+
+
+def test_work_put_after_the_store_closes_is_refused_not_left_waiting(tmp_path: Path) -> None:
+    """A request that passed the store's closed check just before ``close``
+    must get an error, not wait for ever behind the writer's stop marker."""
+    store = SQLiteStore(tmp_path / "audit.db")
+    store.close()
+    job: Job[WriteTransaction] = Job(lambda tx: tx.append_audit(AuditEvent(kind="policy")), None)
+    with pytest.raises(StoreError, match="closed"):
+        store._queue.put([job])
+    assert not job.future.done()

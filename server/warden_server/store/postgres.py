@@ -538,7 +538,8 @@ class PostgresStore:
         self._reported.add(key)
         log.error("%s: refused, not used", tampered)
         event = AuditEvent(kind="integrity", status="tampered", reason=str(tampered))
-        if not self._closed:
+        # Recorded by the writer's next batch; the caller does not wait for it.
+        with contextlib.suppress(StoreError):  # unless the store is closing
             self._queue.put([_Job(lambda tx: tx.append_audit(event), None)])
 
     def _run_writer(self) -> None:

@@ -19,6 +19,7 @@ processes, the fewer and larger their commits.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -493,8 +494,8 @@ class SQLiteStore:
         self._reported.add(key)
         log.error("%s: refused, not used", tampered)
         event = AuditEvent(kind="integrity", status="tampered", reason=str(tampered))
-        if not self._closed:
-            # Recorded by the writer's next batch; the caller does not wait for it.
+        # Recorded by the writer's next batch; the caller does not wait for it.
+        with contextlib.suppress(StoreError):  # unless the store is closing
             self._queue.put([_Job(lambda tx: tx.append_audit(event), None)])
 
     def tampered_rows(self) -> list[str]:

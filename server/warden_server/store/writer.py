@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextvars
 import logging
 import queue
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
 from warden_server.records.events import AuditEvent
-from warden_server.store.base import StoreObserver
+from warden_server.store.base import StoreError, StoreObserver
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +55,28 @@ class WorkQueue:
     def __init__(self, max_batch: int) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._max_batch = max_batch
+        self._lock = threading.Lock()
+        self._stopped = False
         self.stopping = False
         """The stop marker was taken: the batch being run is the last."""
 
     def put(self, jobs: list[Job[Any]]) -> None:
-        self._queue.put(jobs)
+        """Queue work for the writer.
+
+        Raises:
+            StoreError: the queue was stopped (work put after the stop marker
+                would never be answered).
+        """
+        with self._lock:
+            if self._stopped:
+                raise StoreError("the store is closed")
+            self._queue.put(jobs)
 
     def stop(self) -> None:
-        """Let the writer finish what was put before, then end."""
-        self._queue.put(_STOP)
+        """Let the writer finish what was put before, then end; refuse what comes after."""
+        with self._lock:
+            self._stopped = True
+            self._queue.put(_STOP)
 
     def qsize(self) -> int:
         return self._queue.qsize()
