@@ -26,6 +26,7 @@ report outlives the process being killed, not the machine losing power.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import fcntl
@@ -38,6 +39,7 @@ import socket
 import sqlite3
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -79,6 +81,9 @@ AWAY_PAUSES_S: Final = (0.1, 2.0)
 """The first and the longest pause while the plane does not answer."""
 REFUSED_PAUSES_S: Final = (1.0, 60.0)
 """The first and the longest pause before retrying a report the plane failed on."""
+EXIT_GRACE_S: Final = 2.0
+"""How long a process that ends without closing its runtime waits for the
+plane to take the reports it holds (those it does not take stay in the file)."""
 
 _AWAY: Final = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})
 """The plane did not answer: every report waits."""
@@ -286,6 +291,7 @@ class Outbox:
             target=self._loop.run_forever, name="warden-outbox", daemon=True
         )
         self._thread.start()
+        _OPEN.add(self)
         self._take_over()  # what an earlier run left, before this one sends anything
         self._loop.call_soon_threadsafe(self._spawn, self._keep_alive())
 
@@ -364,6 +370,7 @@ class Outbox:
     def close(self, grace_s: float) -> int:
         """Send what can be sent within ``grace_s``, then stop; returns how many
         reports are left in the outbox for the next run."""
+        _OPEN.discard(self)
         left = self.flush(grace_s)
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result()
@@ -612,3 +619,16 @@ class Outbox:
         if self._taken:
             self._forget_taken()
         await self._transport.aclose()
+
+
+_OPEN: weakref.WeakSet[Outbox] = weakref.WeakSet()
+"""The outboxes not closed yet."""
+
+
+@atexit.register
+def _send_at_exit() -> None:
+    """A process ending without closing its runtime closes its outboxes: what
+    they hold is sent (reports wait ``REPORT_DELAY_S`` for company) instead of
+    left for the next run, waiting ``EXIT_GRACE_S`` at most."""
+    for outbox in list(_OPEN):
+        outbox.close(EXIT_GRACE_S)

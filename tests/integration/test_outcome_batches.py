@@ -6,16 +6,19 @@ for it."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
 import warden
-from tests.conftest import ORDERS_TOKEN, Plant
+from tests.conftest import ORDERS_TOKEN, ROOT, Plant
 from tests.integration.lab import Lab, build_lab
 from warden import _outbox
 from warden_server.telemetry.metrics import Metrics
@@ -163,3 +166,41 @@ def test_a_plane_without_complete_many_gets_every_report_one_by_one(
     assert [e.status for e in envelopes] == ["succeeded"] * 10
     for envelope in envelopes:
         assert len(lab_plant.events(kind="outcome", invocation_id=envelope.invocation_id)) == 1
+
+
+EXITS_WITHOUT_CLOSING = """
+import sys
+from tests.conftest import ORDERS_TOKEN
+from tests.integration.lab import Lab, build_lab
+from warden import _outbox
+
+_outbox.REPORT_DELAY_S = 600.0  # nothing goes before the process ends
+target, actor, outbox = sys.argv[1:]
+rt = build_lab(target, ORDERS_TOKEN, Lab(), outbox=outbox)
+rt.register()
+print(rt.invoke("orders.echo", {"n": 5}, actor=actor).invocation_id)
+"""
+
+
+def test_a_process_that_ends_without_closing_its_runtime_sends_its_reports(
+    lab_plant: Plant, tmp_path: Path
+) -> None:
+    ended = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            EXITS_WITHOUT_CLOSING,
+            lab_plant.target,
+            lab_plant.token(),
+            str(tmp_path / "outbox.sqlite"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ended.returncode == 0, ended.stderr
+    invocation_id = ended.stdout.strip()
+    assert len(lab_plant.events(kind="outcome", invocation_id=invocation_id)) == 1
+    assert "left" not in ended.stderr, ended.stderr
