@@ -271,6 +271,12 @@ class Outbox:
         self._waiting: dict[str, concurrent.futures.Future[None]] = {}
         """Reports this process sent or will send, until the plane takes them."""
         self._by_scope: dict[IdempotencyScope, concurrent.futures.Future[None]] = {}
+        self._incoming: list[_Report] = []
+        """Reports submitted since the loop last looked (under ``_lock``)."""
+        self._woken = False
+        """The loop will look at ``_incoming`` (a report's wait is running):
+        further reports need not wake it (under ``_lock``)."""
+        self._closed = False
         # Everything below belongs to the outbox's own event loop.
         self._loop = asyncio.new_event_loop()
         self._due: deque[_Report] = deque()
@@ -318,15 +324,24 @@ class Outbox:
                 self.path,
                 exc,
             )
-        try:
-            self._loop.call_soon_threadsafe(self._enqueue, report)
-        except RuntimeError:  # the loop is closed: the runtime was
+        # The report waits for company anyway: only the first of a wait (or a
+        # full call's worth) wakes the loop, not every report, each a wake of
+        # another thread beside the caller's.
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._incoming.append(report)
+                wake = not self._woken or len(self._incoming) >= REPORTS_PER_CALL
+                self._woken = True
+        if closed:
             log.warning(
                 "the outcome of invocation %s was reported after the runtime was closed; "
                 "it is left %s",
                 invocation_id,
                 f"in {self.path} for the next run" if self.path else "unsent",
             )
+        elif wake:
+            self._loop.call_soon_threadsafe(self._collect)
 
     @property
     def backlog(self) -> int:
@@ -372,6 +387,8 @@ class Outbox:
         reports are left in the outbox for the next run."""
         _OPEN.discard(self)
         left = self.flush(grace_s)
+        with self._lock:
+            self._closed = True  # what comes now stays in the file
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result()
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -422,15 +439,33 @@ class Outbox:
 
     def _enqueue(self, report: _Report) -> None:
         self._due.append(report)
+        self._wait_for_company()
+        self._pump()
+
+    def _collect(self) -> None:
+        """Take in the submitted reports; they wait their moment for company.
+        The wait ends in ``_send_now``, which the next report wakes the loop after."""
+        self._take_incoming()
+        self._wait_for_company()
+        self._pump()
+
+    def _wait_for_company(self) -> None:
         if self._delay is None:
             self._delay = self._loop.call_later(REPORT_DELAY_S, self._send_now)
-        self._pump()
+
+    def _take_incoming(self, *, ending_wait: bool = False) -> None:
+        with self._lock:
+            self._due.extend(self._incoming)
+            self._incoming.clear()
+            if ending_wait:
+                self._woken = False
 
     def _send_now(self) -> None:
         """The due reports have waited enough (or someone waits for them)."""
         if self._delay is not None:
             self._delay.cancel()
             self._delay = None
+        self._take_incoming(ending_wait=True)
         self._ripe = True
         self._pump()
 
@@ -440,6 +475,7 @@ class Outbox:
         whether it is back."""
         if self._loop.time() < self._resume_at:
             return
+        self._take_incoming()
         if not self._ripe and len(self._due) < REPORTS_PER_CALL:
             return
         limit = SENDING_AT_ONCE if self._one_by_one else CALLS_AT_ONCE

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -78,12 +79,15 @@ def test_the_reports_of_calls_made_one_after_another_go_together(
     moment here, so that a slow machine cannot split them), and all go in one
     CompleteMany call instead of one call and one commit each."""
     monkeypatch.setattr(_outbox, "REPORT_DELAY_S", 3.0)
+    wakes = count_wakes(monkeypatch)
     metrics = lab_plant.server.plane.telemetry.metrics
     rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
     try:
         rt.register()
         envelopes = [rt.invoke("orders.echo", {"n": n}, actor=lab_plant.token()) for n in range(8)]
         assert calls_of(metrics, COMPLETE_MANY) == 0  # still waiting for company
+        # Only the first report woke the outbox's thread; the others joined its wait.
+        assert wakes == [1]
         assert rt.flush(timeout_ms=10_000) == 0
     finally:
         rt.close()
@@ -91,6 +95,48 @@ def test_the_reports_of_calls_made_one_after_another_go_together(
     assert calls_of(metrics, COMPLETE_MANY) == 1
     for envelope in envelopes:
         assert len(lab_plant.events(kind="outcome", invocation_id=envelope.invocation_id)) == 1
+
+
+def count_wakes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many times the outbox's thread was woken to take in submitted reports."""
+    wakes = [0]
+    collect = _outbox.Outbox._collect
+
+    def counted(self: _outbox.Outbox) -> None:
+        wakes[0] += 1
+        collect(self)
+
+    monkeypatch.setattr(_outbox.Outbox, "_collect", counted)
+    return wakes
+
+
+def test_each_wait_for_company_ends_in_a_send_and_the_next_report_starts_another(
+    lab_plant: Plant, lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reports that join a wait are sent when it ends, without a flush; the
+    first report after it wakes the outbox again."""
+    monkeypatch.setattr(_outbox, "REPORT_DELAY_S", 1.0)
+    wakes = count_wakes(monkeypatch)
+    rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
+
+    def recorded(envelopes: list[warden.Envelope]) -> bool:
+        return all(
+            lab_plant.events(kind="outcome", invocation_id=e.invocation_id) for e in envelopes
+        )
+
+    try:
+        rt.register()
+        for wait in (1, 2):
+            envelopes = [
+                rt.invoke("orders.echo", {"n": n}, actor=lab_plant.token()) for n in range(3)
+            ]
+            deadline = time.monotonic() + 10
+            while not recorded(envelopes) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert recorded(envelopes), f"the reports of wait {wait} were not sent"
+            assert wakes == [wait]
+    finally:
+        rt.close()
 
 
 def test_a_report_someone_waits_for_goes_at_once(
