@@ -444,7 +444,7 @@ class Outbox:
 
     def _collect(self) -> None:
         """Take in the submitted reports; they wait their moment for company.
-        The wait ends in ``_send_now``, which the next report wakes the loop after."""
+        The wait ends in ``_send_now``; the first report after it wakes the loop again."""
         self._take_incoming()
         self._wait_for_company()
         self._pump()
