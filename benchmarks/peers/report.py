@@ -47,20 +47,24 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     point["errors"] = sum(r["errors_total"] for r in rounds)
     point["requests"] = sum(r["requests"] for r in rounds)
     point["first_error"] = next((r["first_error"] for r in rounds if r["first_error"]), None)
+    # What one request costs the server: the figure the throughput follows
+    # once the server has all the cores it can get.
+    point["server_cpu_ms_per_request"] = _ratio(1000 * point["server_cpu_cores"], point["rps"])
     return point
 
 
 def print_table(points: dict[tuple[str, int], dict[str, Any]], inflights: list[int]) -> None:
     print(
         f"  {'target':<8} {'in flight':>9} {'rps':>9} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'server CPU':>10} {'gen CPU':>8} {'other CPU':>9} {'errors':>7}"
+        f"{'server CPU':>10} {'CPU/req ms':>10} {'gen CPU':>8} {'other CPU':>9} {'errors':>7}"
     )
     for name in TARGETS:
         for k in inflights:
             p = points[name, k]
             print(
                 f"  {name:<8} {k:>9} {p['rps']:>9.0f} {p['p50_ms']:>8.2f} {p['p99_ms']:>8.2f} "
-                f"{p['server_cpu_cores']:>10.2f} {p['cpu_cores']:>8.2f} "
+                f"{p['server_cpu_cores']:>10.2f} {p['server_cpu_ms_per_request']:>10.3f} "
+                f"{p['cpu_cores']:>8.2f} "
                 f"{p['other_cpu_cores']:>9.2f} {p['errors']:>7}"
             )
     for name in TARGETS:
@@ -69,7 +73,7 @@ def print_table(points: dict[tuple[str, int], dict[str, Any]], inflights: list[i
                 print(f"  {name} at {k} in flight, first error: {points[name, k]['first_error']}")
     print(
         "  (CPU in cores: CPU seconds over the measured window / its wall seconds; "
-        "other = the rest of the machine)"
+        "CPU/req: the server's CPU time per request; other = the rest of the machine)"
     )
 
 
