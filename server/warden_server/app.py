@@ -1,15 +1,28 @@
-"""Build and run the gRPC server around a Plane."""
+"""Build and run the gRPC server around a Plane.
+
+The server is grpc.aio's, on an event loop with a thread of its own
+(``ServerLoop``). ``Begin``, the call on every governed call's path, is a
+coroutine on that loop, and an embedded store commits its records from the
+same thread (``SQLiteStore.commit_on``): a request goes from the network to
+its durable record and back without a hand-off between threads. Every other
+method blocks and runs in the server's thread pool (``[server] workers``).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
 import socket
+import threading
+from collections.abc import Coroutine
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import grpc
+import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -48,6 +61,34 @@ from warden_server.telemetry.interceptor import TelemetryInterceptor
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+
+class ServerLoop:
+    """The event loop the gRPC server runs on, on a thread of its own."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="warden-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the loop and wait for what it returns."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def close(self) -> None:
+        """Stop the loop once it has run what it was given, and end its thread."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
 SERVICE_NAMES = (
     governor_pb2.DESCRIPTOR.services_by_name["Governor"].full_name,
     registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
@@ -77,7 +118,8 @@ class Server:
     """A running plane: the gRPC server, the port it bound and the plane behind it."""
 
     plane: Plane
-    grpc_server: grpc.Server
+    grpc_server: grpc.aio.Server
+    loop: ServerLoop = field(repr=False)
     port: int
     host: str
     health: health.HealthServicer = field(repr=False)
@@ -108,7 +150,7 @@ class Server:
         if self.sweeper is not None:
             self.sweeper.stop()
         self.plane.approval_events.close()  # watch streams end now, not at the grace's end
-        self.grpc_server.stop(grace).wait()
+        self.loop.run(self.grpc_server.stop(grace))
         if self.approval_tail is not None:
             self.approval_tail.stop()
         if self.retention is not None:
@@ -119,10 +161,12 @@ class Server:
             self.notifier.stop()
         if self.reporter is not None:
             self.reporter.stop()
-        self.plane.close()
+        self.plane.close()  # the store's last commits run on the loop
+        self.loop.close()
 
     def wait(self) -> None:
-        self.grpc_server.wait_for_termination()
+        if not self._stopped:
+            self.loop.run(self.grpc_server.wait_for_termination())
 
     def __enter__(self) -> Server:
         return self
@@ -166,12 +210,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         except OSError:
             plane.close()
             raise
-    server, health_servicer = _grpc_server(plane, processes)
-    try:
-        port = _bind(server, plane.config, listen)
-    except OSError:
-        plane.close()
-        raise
+    loop, server, health_servicer, port = _listening(plane, processes, listen)
     metrics_listen = plane.config.telemetry.metrics_listen
     if metrics_listen and plane.joined:
         metrics_listen = "127.0.0.1:0"  # read by the first process, which serves the sum
@@ -179,10 +218,14 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         metrics_port = plane.telemetry.serve_metrics(metrics_listen) if metrics_listen else None
     except (OSError, ValueError) as exc:
         plane.close()
+        loop.close()
         raise MetricsUnavailable(metrics_listen or "", exc) from None
     retention = None if plane.joined else _retention(plane)
     anchors = None if plane.joined else _anchors(plane)
-    server.start()
+    commit_on = getattr(plane.store, "commit_on", None)
+    if commit_on is not None:
+        commit_on(loop.loop)
+    loop.run(server.start())
     if plane.config.server.watch_policies:
         plane.reloader.start()
     for name in (*SERVICE_NAMES, ""):
@@ -199,6 +242,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     running = Server(
         plane=plane,
         grpc_server=server,
+        loop=loop,
         port=port,
         host=host,
         health=health_servicer,
@@ -231,16 +275,38 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     return running
 
 
-def _grpc_server(plane: Plane, processes: int) -> tuple[grpc.Server, health.HealthServicer]:
-    """The gRPC server with every servicer, health and reflection, not yet bound."""
+def _listening(
+    plane: Plane, processes: int, listen: str
+) -> tuple[ServerLoop, grpc.aio.Server, health.HealthServicer, int]:
+    """The server loop, and the server bound to ``listen`` on it, not yet started.
+
+    Raises:
+        OSError: the address cannot be bound (the plane is closed).
+    """
+    loop = ServerLoop()
+    try:
+        server, health_servicer = loop.run(_grpc_server(plane, processes))
+        port = loop.run(_bind(server, plane.config, listen))
+    except OSError:
+        plane.close()
+        loop.close()
+        raise
+    return loop, server, health_servicer, port
+
+
+async def _grpc_server(
+    plane: Plane, processes: int
+) -> tuple[grpc.aio.Server, health.HealthServicer]:
+    """The gRPC server with every servicer, health and reflection, not yet
+    bound; made on the loop it will serve from."""
     config = plane.config
     receive = config.server.max_input_bytes + 1_048_576
     # An answer may be larger than any request: Register echoes what it was
     # sent, with what the plane adds to each capability; discovery answers
     # with up to a service's whole registry.
     send = max(receive, config.limits.max_registry_bytes_per_service) + 1_048_576
-    server = grpc.server(
-        futures.ThreadPoolExecutor(
+    server = grpc.aio.server(
+        migration_thread_pool=futures.ThreadPoolExecutor(
             max_workers=plane.config.server.workers, thread_name_prefix="warden-rpc"
         ),
         interceptors=[TelemetryInterceptor(plane.telemetry)],
@@ -265,7 +331,7 @@ def _grpc_server(plane: Plane, processes: int) -> tuple[grpc.Server, health.Heal
     return server, health_servicer
 
 
-def _bind(server: grpc.Server, config: Config, listen: str) -> int:
+async def _bind(server: grpc.aio.Server, config: Config, listen: str) -> int:
     """Bind ``listen`` (with TLS when configured); returns the port.
 
     Raises:

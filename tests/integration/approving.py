@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import threading
+import fcntl
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -45,22 +46,16 @@ def approver(plant: Plant, sub: str = "mia", **claims: Any) -> Iterator[warden.A
 
 @contextmanager
 def held_writer(store: SQLiteStore) -> Iterator[None]:
-    """Occupy the store's writer thread with a real transaction until the block
-    ends, so that the transactions submitted meanwhile commit as one batch."""
-    started, release = threading.Event(), threading.Event()
-
-    def hold(_tx: Any) -> None:
-        started.set()
-        release.wait(30)
-
-    holder = threading.Thread(target=store.transact, args=(hold,))
-    holder.start()
-    started.wait(30)
+    """Hold the store's writers' lock until the block ends, as another
+    process's writer in the middle of its turn would: the transactions
+    submitted meanwhile wait, and then commit as one batch."""
+    turns = os.open(f"{store.path}.writer-lock", os.O_RDWR)
+    fcntl.flock(turns, fcntl.LOCK_EX)
     try:
         yield
     finally:
-        release.set()
-        holder.join()
+        fcntl.flock(turns, fcntl.LOCK_UN)
+        os.close(turns)
 
 
 def approval_rows(plant: Plant, approval_id: str) -> list[dict[str, Any]]:

@@ -1,13 +1,18 @@
 """Begin: pipeline steps 2-9, top to bottom, then one durable decision record.
 
 No grant leaves the plane before its decision record is committed (SI-3).
+
+The steps are a generator (``begin_steps``) that yields each transaction it
+needs (``Write``) and goes on with what the store answered: ``begin`` commits
+them from a blocking thread, ``abegin`` from a coroutine on the server's event
+loop, with one pipeline between the two.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -113,38 +118,88 @@ class BeginResult:
     approval_expires_at: datetime | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Write:
+    """A transaction Begin needs durable before it goes on (SI-3)."""
+
+    work: Callable[[WriteTransaction], Any]
+    deadline: float | None = None
+
+
+Steps = Generator[Write, Any, BeginResult]
+"""Begin's steps: each ``Write`` yielded is answered with what its work
+returned, or has what it raised thrown in."""
+
+
 def begin(plane: Plane, request: BeginRequest) -> BeginResult:
+    """Begin from a thread that may block while its record commits."""
+    steps = begin_steps(plane, request)
+    try:
+        write = next(steps)
+        while True:
+            try:
+                written = plane.store.transact(write.work, deadline=write.deadline)
+            except Exception as exc:
+                write = steps.throw(exc)
+            else:
+                write = steps.send(written)
+    except StopIteration as done:
+        result: BeginResult = done.value
+        return result
+
+
+async def abegin(plane: Plane, request: BeginRequest) -> BeginResult:
+    """Begin from a coroutine: the same steps, the commits awaited."""
+    steps = begin_steps(plane, request)
+    try:
+        write = next(steps)
+        while True:
+            try:
+                written = await plane.store.atransact(write.work, deadline=write.deadline)
+            except Exception as exc:
+                write = steps.throw(exc)
+            else:
+                write = steps.send(written)
+    except StopIteration as done:
+        result: BeginResult = done.value
+        return result
+
+
+def begin_steps(plane: Plane, request: BeginRequest) -> Steps:
     ctx = BeginContext(request=request, policies=plane.policies.current(), now=plane.clock())
     for stage in STAGES:
         if time.monotonic() > request.deadline:
-            return _refuse(plane, ctx, fail("GOVERNANCE_UNAVAILABLE", "plane-deadline-exceeded"))
+            late = fail("GOVERNANCE_UNAVAILABLE", "plane-deadline-exceeded")
+            return (yield from _refuse(plane, ctx, late))
         failure = plane.telemetry.run_stage(stage, plane, ctx)
         if failure is not None:
-            return _refuse(plane, ctx, failure)
+            return (yield from _refuse(plane, ctx, failure))
     if ctx.replay is not None:
-        return _replay(plane, ctx, ctx.replay)
+        return (yield from _replay(plane, ctx, ctx.replay))
+    refusal: Failure
     try:
-        return _grant(plane, ctx)
+        return (yield from _grant(plane, ctx))
     except ApprovalAlreadyUsed:
-        return _refuse(plane, ctx, fail("APPROVAL_DENIED", "approval-already-used"))
+        refusal = fail("APPROVAL_DENIED", "approval-already-used")
     except LimitReached as exc:
         ctx.limited = [exc.refusal.to_json()]
-        return _refuse(plane, ctx, limited(exc.refusal))
+        refusal = limited(exc.refusal)
     except KeyAlreadyReserved:
         # Another call took the key between this one's read and its write;
         # answer as the idempotency stage now does.
         ctx.reservation = None
-        failure = idempotency(plane, ctx)
+        raced = idempotency(plane, ctx)
         if ctx.replay is not None:
-            return _replay(plane, ctx, ctx.replay)
-        return _refuse(plane, ctx, failure or fail("OPERATION_IN_PROGRESS", "reservation-raced"))
+            return (yield from _replay(plane, ctx, ctx.replay))
+        refusal = raced or fail("OPERATION_IN_PROGRESS", "reservation-raced")
     except StoreError:
-        if time.monotonic() > request.deadline:
-            return _refuse(plane, ctx, fail("GOVERNANCE_UNAVAILABLE", "plane-deadline-exceeded"))
-        raise
+        if time.monotonic() <= request.deadline:
+            raise
+        refusal = fail("GOVERNANCE_UNAVAILABLE", "plane-deadline-exceeded")
+    return (yield from _refuse(plane, ctx, refusal))
 
 
-def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
+def _grant(plane: Plane, ctx: BeginContext) -> Steps:
     capability, actor, request = ctx.capability, ctx.actor, ctx.request
     assert capability is not None and actor is not None and ctx.input_digest is not None
     timeout_ms = capability.definition.timeout_ms or plane.config.server.default_timeout_ms
@@ -199,7 +254,7 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
         )
 
     # A grant is never committed once its requester has stopped waiting for it.
-    plane.store.transact(work, deadline=request.deadline)
+    yield Write(work, deadline=request.deadline)
     if ctx.consume_approval:
         assert ctx.approval is not None
         consumed = dataclasses.replace(ctx.approval, state="consumed")
@@ -231,11 +286,11 @@ def _grant(plane: Plane, ctx: BeginContext) -> BeginResult:
     )
 
 
-def _replay(plane: Plane, ctx: BeginContext, held: IdempotencyRecord) -> BeginResult:
+def _replay(plane: Plane, ctx: BeginContext, held: IdempotencyRecord) -> Steps:
     """Answer with the recorded outcome of the call that holds the key."""
     answer = replayed(plane, held)
     if isinstance(answer, Failure):
-        return _refuse(plane, ctx, answer)
+        return (yield from _refuse(plane, ctx, answer))
     reason = f"idempotent-replay:{held.invocation_id}"
     event = _decision_event(plane, ctx, "replayed", None, reason=reason)
 
@@ -243,7 +298,7 @@ def _replay(plane: Plane, ctx: BeginContext, held: IdempotencyRecord) -> BeginRe
         _claim(tx, ctx.request.invocation_id)
         tx.append_audit(event)
 
-    plane.store.transact(work)
+    yield Write(work)
     return BeginResult(
         invocation_id=ctx.request.invocation_id,
         policy_revision=ctx.policies.revision,
@@ -252,7 +307,7 @@ def _replay(plane: Plane, ctx: BeginContext, held: IdempotencyRecord) -> BeginRe
     )
 
 
-def _refuse(plane: Plane, ctx: BeginContext, failure: Failure) -> BeginResult:
+def _refuse(plane: Plane, ctx: BeginContext, failure: Failure) -> Steps:
     suspended = failure.code == "APPROVAL_REQUIRED"
     expires: datetime | None = ctx.extra.get("approval_expires_at")
     event = _decision_event(plane, ctx, "suspended" if suspended else "failed", failure)
@@ -268,7 +323,7 @@ def _refuse(plane: Plane, ctx: BeginContext, failure: Failure) -> BeginResult:
             changes.append(ApprovalChange("requested", record))
         return changes
 
-    plane.approval_events.publish(plane.store.transact(work))
+    plane.approval_events.publish((yield Write(work)))
     if suspended and expires is None and failure.details:
         expires = datetime.fromisoformat(failure.details["expires_at"])
     return BeginResult(
@@ -437,8 +492,8 @@ def reject(
     capability_id: str = "",
     service: str | None = None,
     surface: str = "",
-) -> None:
-    """Record a Begin the plane refused to decode (SI-3).
+) -> Write:
+    """The record of a Begin the plane refused to decode (SI-3), to commit.
 
     Its id, when it has one, is spent too: it cannot be decided later.
     """
@@ -456,7 +511,7 @@ def reject(
             tx.claim_invocation(invocation_id)
         tx.append_audit(event)
 
-    plane.store.transact(work)
+    return Write(work)
 
 
 def rejection(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 import grpc
 
@@ -16,7 +18,7 @@ from warden_server.errors import InvalidRequest
 from warden_server.pipeline.begin import (
     BeginResult,
     InvocationIdReused,
-    begin,
+    abegin,
     reject,
     rejection,
 )
@@ -30,19 +32,23 @@ from warden_server.pipeline.context import BeginRequest
 from warden_server.plane import Plane
 from warden_server.registry import recorded_capability_id
 from warden_server.services import convert
-from warden_server.services.status import refusal_of, rpc
+from warden_server.services.status import async_rpc, refusal_of, rpc
 
 MAX_REPORTS: Final = 256
 """The most outcome reports one CompleteMany call carries."""
 
 
-def calling_service(plane: Plane, context: grpc.ServicerContext) -> Service:
-    metadata = dict(context.invocation_metadata())
+Context = grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any]
+"""A blocking method's context, or a coroutine's on the server's loop."""
+
+
+def calling_service(plane: Plane, context: Context) -> Service:
+    metadata = dict(context.invocation_metadata() or ())
     token = metadata.get(SERVICE_TOKEN_METADATA)
     return plane.services.authenticate(token if isinstance(token, str) else None)
 
 
-def _name_process(plane: Plane, context: grpc.ServicerContext) -> None:
+def _name_process(plane: Plane, context: Context) -> None:
     """Say which process answers (``x-warden-process``): a service's
     connections reach a plane's processes unevenly, and the SDK balances its
     calls by process once it knows which connections share one."""
@@ -53,10 +59,13 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
     def __init__(self, plane: Plane) -> None:
         self._plane = plane
 
-    @rpc
-    def Begin(
-        self, request: governor_pb2.BeginRequest, context: grpc.ServicerContext
+    @async_rpc
+    async def Begin(
+        self, request: governor_pb2.BeginRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> governor_pb2.BeginResponse:
+        # Runs on the server's event loop, whose thread also commits the
+        # records (``SQLiteStore.commit_on``): nothing here may block on a
+        # commit, so every record is awaited.
         plane = self._plane
         _name_process(plane, context)
         service_name = None
@@ -69,22 +78,26 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
             # costs no fsync each: the first of a window is recorded, the rest
             # counted into one summary, and no invocation id is spent for it.
             why = f"{type(exc).__name__}: {exc}"
-            plane.audit_reads.refused(
-                ("begin-rejected", why),
-                lambda: rejection(
-                    plane,
-                    reason=why,
-                    capability_id=recorded_capability_id(request.capability_id),
-                    surface=request.surface[:32],
+            await asyncio.get_running_loop().run_in_executor(
+                None,
+                functools.partial(
+                    plane.audit_reads.refused,
+                    ("begin-rejected", why),
+                    lambda: rejection(
+                        plane,
+                        reason=why,
+                        capability_id=recorded_capability_id(request.capability_id),
+                        surface=request.surface[:32],
+                    ),
+                    action="begin",
                 ),
-                action="begin",
             )
             raise
         except Exception as exc:
             # Refused before any stage ran, and on the record all the same (SI-3),
             # whatever refused it.
             designed = isinstance(exc, InvalidRequest)
-            reject(
+            refused = reject(
                 plane,
                 reason=f"{type(exc).__name__}: {exc}"
                 if designed
@@ -94,31 +107,26 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
                 service=service_name,
                 surface=request.surface[:32],
             )
+            await plane.store.atransact(refused.work)
             raise
         try:
-            result = begin(plane, decoded)
-        except InvocationIdReused as exc:
-            # Its twin's decision stands; this attempt is on the record too (SI-3).
-            reject(
-                plane,
-                reason=f"{type(exc).__name__}: {exc}",
-                invocation_id=decoded.invocation_id,
-                capability_id=decoded.capability_id,
-                service=service_name,
-                surface=decoded.surface,
-            )
-            raise
+            result = await abegin(plane, decoded)
         except Exception as exc:
-            # Whatever broke, the attempt is on the record (SI-3) before the caller
-            # hears a generic INTERNAL status.
-            reject(
+            # An id already decided (its twin's decision stands) or whatever
+            # broke: the attempt is on the record (SI-3) before the caller hears
+            # why, or a generic INTERNAL status.
+            designed = isinstance(exc, InvocationIdReused)
+            refused = reject(
                 plane,
-                reason=f"internal-error: {type(exc).__name__}",
+                reason=f"{type(exc).__name__}: {exc}"
+                if designed
+                else f"internal-error: {type(exc).__name__}",
                 invocation_id=decoded.invocation_id,
                 capability_id=decoded.capability_id,
                 service=service_name,
                 surface=decoded.surface,
             )
+            await plane.store.atransact(refused.work)
             raise
         return _encode_begin(result)
 
@@ -169,7 +177,7 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
         )
 
 
-def _deadline(plane: Plane, context: grpc.ServicerContext) -> float:
+def _deadline(plane: Plane, context: Context) -> float:
     """When to stop working on a request: the plane's own budget, or the
     caller's deadline when that comes first."""
     budget = plane.config.server.request_deadline_ms / 1000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -65,6 +65,24 @@ def rpc(method: Callable[..., R]) -> Callable[..., R]:
     return wrapper
 
 
+def async_rpc(
+    method: Callable[..., Coroutine[Any, Any, R]],
+) -> Callable[..., Coroutine[Any, Any, R]]:
+    """``rpc`` for a coroutine method run on the server's event loop."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> R:
+        try:
+            return await method(self, request, context)
+        except Exception as exc:
+            if isinstance(exc, RateLimited):
+                context.set_trailing_metadata(((RETRY_AFTER_METADATA, str(exc.retry_after_ms)),))
+            await context.abort(*refusal_of(exc, method.__name__))
+            raise AssertionError("unreachable: context.abort raises") from None
+
+    return wrapper
+
+
 def stream_rpc(
     method: Callable[..., Iterator[R]],
 ) -> Callable[..., Iterator[R]]:
@@ -100,6 +118,16 @@ def refusal_of(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal error in the governance plane"
 
 
+ABORTED_WITH = "warden_status_code"
+"""The attribute ``abort`` gives the exception that ends a call: the status
+it sent, which a handler run in the server's thread pool cannot be asked
+for afterwards (its context has no ``code()``)."""
+
+
 def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-    context.abort(code, message)
+    try:
+        context.abort(code, message)
+    except BaseException as exc:
+        setattr(exc, ABORTED_WITH, code)
+        raise
     raise AssertionError("unreachable: context.abort raises")

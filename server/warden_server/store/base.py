@@ -326,6 +326,13 @@ class Store(
         """
         ...
 
+    async def atransact(
+        self, work: Callable[[WriteTransaction], T], *, deadline: float | None = None
+    ) -> T:
+        """``transact`` for a coroutine: the same transaction, awaited on the
+        caller's event loop instead of blocking it."""
+        ...
+
     def transact_each(
         self, works: Sequence[Callable[[WriteTransaction], T]], *, deadline: float | None = None
     ) -> list[T | BaseException]:

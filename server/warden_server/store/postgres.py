@@ -52,7 +52,15 @@ from warden_server.store.records import (
     ReplicaRecord,
 )
 from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
-from warden_server.store.writer import Job, Outcome, Ran, WorkQueue, answer, refuse
+from warden_server.store.writer import (
+    Job,
+    Outcome,
+    Ran,
+    WorkQueue,
+    answer,
+    awaited,
+    refuse,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -519,6 +527,14 @@ class PostgresStore:
         job = _Job(work, deadline)
         self._queue.put([job])
         result: T = job.future.result()
+        return result
+
+    async def atransact(
+        self, work: Callable[[PostgresTransaction], T], *, deadline: float | None = None
+    ) -> T:
+        if self._closed:
+            raise StoreError("the store is closed")
+        result: T = await awaited(self._queue, work, deadline)
         return result
 
     def transact_each(

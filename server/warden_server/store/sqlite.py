@@ -19,6 +19,7 @@ processes, the fewer and larger their commits.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import json
@@ -51,7 +52,16 @@ from warden_server.store.records import (
     ReplicaRecord,
 )
 from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
-from warden_server.store.writer import Job, Outcome, Ran, WorkQueue, answer, refuse
+from warden_server.store.writer import (
+    Job,
+    LoopCommits,
+    Outcome,
+    Ran,
+    WorkQueue,
+    answer,
+    awaited,
+    refuse,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -385,6 +395,7 @@ class SQLiteStore:
             target=self._run_writer, name="warden-store-writer", daemon=True
         )
         self._writer.start()
+        self._loop_commits: LoopCommits | None = None
 
     def _open_writer(self) -> None:
         """Open the write connection and the writers' lock file, migrate the
@@ -439,14 +450,44 @@ class SQLiteStore:
 
     # -- writing -----------------------------------------------------------
 
+    def commit_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Commit from ``loop``'s thread from now on, instead of the writer
+        thread (see ``LoopCommits``): once the writer thread has run what it
+        was handed, it ends and the loop takes over."""
+        if self._loop_commits is not None or self._closed:
+            return
+        self._queue.hand_over()
+        self._writer.join()
+        conn = self._write_conn
+        tx = SQLiteTransaction(conn, self._head, self._sealed)
+        self._loop_commits = LoopCommits(
+            loop,
+            self._queue,
+            try_turn=self._try_turn,
+            take_turn=self._take_turn,
+            commit=lambda batch: self._commit_turn(conn, tx, batch),
+        )
+        self._loop_commits.start()
+
     def transact(
         self, work: Callable[[SQLiteTransaction], T], *, deadline: float | None = None
     ) -> T:
         if self._closed:
             raise StoreError("the store is closed")
+        commits = self._loop_commits
+        if commits is not None and commits.thread_id == threading.get_ident():
+            raise RuntimeError("transact() on the loop that commits waits forever: use atransact()")
         job = _Job(work, deadline)
         self._queue.put([job])
         result: T = job.future.result()
+        return result
+
+    async def atransact(
+        self, work: Callable[[SQLiteTransaction], T], *, deadline: float | None = None
+    ) -> T:
+        if self._closed:
+            raise StoreError("the store is closed")
+        result: T = await awaited(self._queue, work, deadline)
         return result
 
     def transact_each(
@@ -524,15 +565,40 @@ class SQLiteStore:
         tx = SQLiteTransaction(conn, self._head, self._sealed)
         while (batch := self._queue.next_batch()) is not None:
             self._commit_batch(conn, tx, batch)
-        conn.close()
+        if self._queue.stopping:
+            self._close_writer()
+
+    def _close_writer(self) -> None:
+        self._write_conn.close()
         os.close(self._turns)
 
     def _commit_batch(
         self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Job]
     ) -> None:
-        started = time.perf_counter()
+        self._take_turn()
+        self._commit_turn(conn, tx, batch)
+
+    def _take_turn(self) -> None:
+        """Wait for the writers' lock: processes sharing the file take turns."""
         fcntl.flock(self._turns, fcntl.LOCK_EX)
+
+    def _try_turn(self) -> bool:
+        """Take the writers' lock if no other process holds it."""
+        try:
+            fcntl.flock(self._turns, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def _commit_turn(
+        self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Job]
+    ) -> None:
+        """Commit ``batch`` and what waits beside it in this process's turn, then end the turn."""
+        started = time.perf_counter()
         self._queue.take_waiting(batch)  # what came while another process had its turn
+        if not batch:
+            fcntl.flock(self._turns, fcntl.LOCK_UN)
+            return
         try:
             ran = self._run_batch(conn, tx, batch, savepoints=self._failed_last)
             if ran is None:  # a piece of work failed: again, each in a savepoint
@@ -783,7 +849,10 @@ class SQLiteStore:
             return
         self._closed = True
         self._queue.stop()
-        self._writer.join()
+        if self._loop_commits is None:
+            self._writer.join()
+        else:
+            self._loop_commits.finish(self._close_writer)
         with self._readers_lock:
             for conn in self._readers:
                 conn.close()

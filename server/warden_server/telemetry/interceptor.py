@@ -3,17 +3,23 @@ trace from the W3C ``traceparent`` metadata), its latency and a debug log line."
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
+import grpc.aio
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind
 
 from warden_server.records.events import current_trace_id
+from warden_server.services.status import ABORTED_WITH
 from warden_server.telemetry import Telemetry
 from warden_server.telemetry.logs import fields
 
@@ -22,13 +28,25 @@ log = logging.getLogger("warden_server.rpc")
 
 if TYPE_CHECKING:  # generic only in the type stubs
     Handler = grpc.RpcMethodHandler[Any, Any]
-    _Interceptor = grpc.ServerInterceptor[Any, Any]
+    Context = grpc.aio.ServicerContext[Any, Any]
+    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
 else:
-    _Interceptor = grpc.ServerInterceptor
+    Handler = grpc.RpcMethodHandler
+    Context = grpc.aio.ServicerContext
+    _Interceptor = grpc.aio.ServerInterceptor
+
+_END = object()
 
 
 class TelemetryInterceptor(_Interceptor):
-    """Wraps Warden's unary and server-streaming RPCs; health and reflection pass through."""
+    """Wraps Warden's unary and server-streaming RPCs; health and reflection pass through.
+
+    A unary method is a coroutine on the server's event loop or a function
+    the server runs in its thread pool; either keeps its kind. A streaming
+    method (a blocking generator) runs on one thread of its own from start to
+    end: the pool would resume it on any of its threads, and what a stream
+    holds (its reader connection's cursor, its trace context) belongs to one.
+    """
 
     def __init__(self, telemetry: Telemetry) -> None:
         self._telemetry = telemetry
@@ -36,21 +54,24 @@ class TelemetryInterceptor(_Interceptor):
         """Each method's wrapped handler, built once (the caller's trace context
         is read from each call's own metadata)."""
 
-    def intercept_service(
+    async def intercept_service(  # type: ignore[override]  # None: no such method
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Handler | None],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         details: grpc.HandlerCallDetails,
     ) -> Handler | None:
         method: str = details.method.lstrip("/")
         wrapped = self._wrapped.get(method)
         if wrapped is not None:
             return wrapped
-        handler = continuation(details)
+        handler = await continuation(details)
         if handler is None or not method.startswith("warden."):
             return handler
         if handler.unary_unary is not None:
+            behavior = handler.unary_unary
             wrapped = grpc.unary_unary_rpc_method_handler(
-                self._unary(method, handler.unary_unary),
+                self._coroutine(method, behavior)
+                if inspect.iscoroutinefunction(behavior)
+                else self._unary(method, behavior),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -70,30 +91,73 @@ class TelemetryInterceptor(_Interceptor):
     ) -> Callable[[Any, grpc.ServicerContext], Any]:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
             started = time.perf_counter()
+            ended: BaseException | None = None
             with self._span(method, context) as span:
                 try:
                     return behavior(request, context)
+                except BaseException as exc:
+                    ended = exc
+                    raise
                 finally:
-                    self._finish(method, context, span, started)
+                    self._finish(method, _code_name(context, ended), span, started)
+
+        return wrapped
+
+    def _coroutine(
+        self, method: str, behavior: Callable[[Any, Any], Awaitable[Any]]
+    ) -> Callable[[Any, Context], Awaitable[Any]]:
+        async def wrapped(request: Any, context: Context) -> Any:
+            started = time.perf_counter()
+            ended: BaseException | None = None
+            with self._span(method, context) as span:
+                try:
+                    return await behavior(request, context)
+                except BaseException as exc:
+                    ended = exc
+                    raise
+                finally:
+                    self._finish(method, _code_name(context, ended), span, started)
 
         return wrapped
 
     def _streaming(
         self, method: str, behavior: Callable[[Any, Any], Iterator[Any]]
-    ) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
-        def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    ) -> Callable[[Any, Context], AsyncIterator[Any]]:
+        async def wrapped(request: Any, context: Context) -> AsyncIterator[Any]:
             started = time.perf_counter()
+            ended: BaseException | None = None
+            loop = asyncio.get_running_loop()
+            own = ThreadPoolExecutor(1, thread_name_prefix="warden-stream")
             with self._span(method, context) as span:
+                trace = contextvars.copy_context()
+                items = behavior(request, _BlockingContext(context, loop))
+
+                def step() -> Any:
+                    return trace.run(next, items, _END)
+
                 try:
-                    yield from behavior(request, context)
+                    while True:
+                        item = await loop.run_in_executor(own, step)
+                        if item is _END:
+                            return
+                        yield item
+                except BaseException as exc:
+                    ended = exc
+                    raise
                 finally:
-                    self._finish(method, context, span, started)
+                    # Its ``finally`` blocks run on its own thread; the loop
+                    # does not wait for them.
+                    own.submit(trace.run, items.close)  # type: ignore[attr-defined]
+                    own.shutdown(wait=False)
+                    self._finish(method, _code_name(context, ended), span, started)
 
         return wrapped
 
-    def _span(self, method: str, context: grpc.ServicerContext) -> Any:
+    def _span(self, method: str, context: grpc.ServicerContext | Context) -> Any:
         carrier = {
-            key: value for key, value in context.invocation_metadata() if isinstance(value, str)
+            key: value
+            for key, value in context.invocation_metadata() or ()
+            if isinstance(value, str)
         }
         if not self._telemetry.tracing:
             return _CallerContext(propagate.extract(carrier))
@@ -104,11 +168,8 @@ class TelemetryInterceptor(_Interceptor):
             attributes={"rpc.system": "grpc", "rpc.method": method},
         )
 
-    def _finish(
-        self, method: str, context: grpc.ServicerContext, span: Any, started: float
-    ) -> None:
+    def _finish(self, method: str, code: str, span: Any, started: float) -> None:
         seconds = time.perf_counter() - started
-        code = _code_name(context)
         span.set_attribute("rpc.grpc.status_code", code)
         self._telemetry.metrics.rpc_series(method, code).observe(seconds)
         if not log.isEnabledFor(logging.DEBUG):
@@ -124,6 +185,42 @@ class TelemetryInterceptor(_Interceptor):
                 trace_id=current_trace_id(),
             ),
         )
+
+
+class _BlockingContext:
+    """The servicer context a blocking streaming method expects, over the
+    event loop's: ``abort`` raises in the calling thread once the status is
+    sent, ``add_callback`` runs when the call ends."""
+
+    def __init__(self, context: Context, loop: asyncio.AbstractEventLoop) -> None:
+        self._context = context
+        self._loop = loop
+
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+        sent = asyncio.run_coroutine_threadsafe(self._context.abort(code, details), self._loop)
+        sent.result()
+        raise AssertionError("unreachable: context.abort raises")
+
+    def add_callback(self, callback: Callable[[], object]) -> None:
+        def on_loop() -> None:
+            self._context.add_done_callback(lambda _: callback())  # type: ignore[arg-type]
+
+        self._loop.call_soon_threadsafe(on_loop)
+
+    def invocation_metadata(self) -> Any:
+        return self._context.invocation_metadata()
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        self._context.set_trailing_metadata(metadata)
+
+    def time_remaining(self) -> float | None:
+        return self._context.time_remaining()
+
+    def peer(self) -> str:
+        return self._context.peer()
+
+    def auth_context(self) -> Any:
+        return self._context.auth_context()
 
 
 class _CallerContext:
@@ -147,8 +244,14 @@ class _CallerContext:
         """Spans' attributes go nowhere while nothing exports them."""
 
 
-def _code_name(context: grpc.ServicerContext) -> str:
-    code = context.code()  # type: ignore[attr-defined]  # grpcio has it; the stubs lack it
+def _code_name(context: Any, ended: BaseException | None) -> str:
+    """The status a call ended with: what the loop's context says, else what
+    ``abort`` put on the exception that ended the call."""
+    code = context.code() if hasattr(context, "code") else None
+    if code is None and ended is not None:
+        code = getattr(ended, ABORTED_WITH, None)
+        if code is None:
+            return "CANCELLED" if isinstance(ended, asyncio.CancelledError) else "UNKNOWN"
     if code is None:
         return "OK"
     return code.name if isinstance(code, grpc.StatusCode) else str(code)
