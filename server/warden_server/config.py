@@ -72,7 +72,8 @@ class ServerSection(_Section):
     approval_ttl: str = "1h"
     """How long an approval request stays open when its rule gives no ttl."""
     workers: Annotated[int, Field(gt=0)] = 16
-    """Threads serving RPCs, in each process."""
+    """Threads serving the blocking RPCs, in each process: every method but
+    ``Begin``, which runs on the server's event loop."""
     processes: Annotated[int, Field(gt=0, le=256)] | None = None
     """Processes serving the port together (SO_REUSEPORT), each with its own
     policy set and store connection; the audit chain stays one (appends are
@@ -89,17 +90,8 @@ class ServerSection(_Section):
     change, registrations) to the other replicas on its store; one that misses
     three reports is no longer shown as live."""
     max_approval_watchers: Annotated[int, Field(ge=0)] = 4
-    """Open approval watch streams at most. Each holds one of the ``workers``
-    threads, so it must stay below ``workers``."""
-
-    @model_validator(mode="after")
-    def _watchers_leave_workers(self) -> ServerSection:
-        if self.max_approval_watchers >= self.workers:
-            raise ValueError(
-                f"max_approval_watchers ({self.max_approval_watchers}) must be below workers "
-                f"({self.workers}): each watch stream holds a worker thread"
-            )
-        return self
+    """Open approval watch streams at most. Each holds a thread of its own
+    for as long as it is open (not one of the ``workers``)."""
 
     @model_validator(mode="after")
     def _store_is_supported(self) -> ServerSection:
