@@ -3,6 +3,7 @@ with one fsync, and one that fails is rolled back alone."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
@@ -177,3 +178,81 @@ def test_work_put_after_the_store_closes_is_refused_not_left_waiting(tmp_path: P
     with pytest.raises(StoreError, match="closed"):
         store._queue.put([job])
     assert not job.future.done()
+
+
+def test_work_from_the_loop_commits_on_it_in_one_batch_once_the_loop_caught_up(
+    tmp_path: Path,
+) -> None:
+    """A store committing from an event loop (as a served one does) commits
+    the work of coroutines that ran in the same stretch of the loop together,
+    from the loop's own thread."""
+    batches = Batches()
+    store = SQLiteStore(tmp_path / "audit.db", observer=batches)
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        store.commit_on(loop)
+        threads: list[int] = []
+
+        def append(status: str) -> Callable[[WriteTransaction], int]:
+            def work(tx: WriteTransaction) -> int:
+                threads.append(threading.get_ident())
+                return tx.append_audit(AuditEvent(kind="policy", status=status))
+
+            return work
+
+        async def many() -> list[int]:
+            return list(
+                await asyncio.gather(*(store.atransact(append(f"s{i}")) for i in range(WAITING)))
+            )
+
+        seqs = asyncio.run_coroutine_threadsafe(many(), loop).result(10)
+        assert sorted(seqs) == list(range(seqs[0], seqs[0] + WAITING))
+        assert batches.seen[-1] == (WAITING, [f"s{i}" for i in range(WAITING)])
+        assert set(threads) == {runner.ident}
+        # A blocking caller elsewhere is served by the same loop.
+        assert store.transact(append("from a thread")) == seqs[0] + WAITING
+    finally:
+        store.close()
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join()
+        loop.close()
+
+
+def test_the_loop_goes_on_while_another_process_has_its_turn(tmp_path: Path) -> None:
+    """While another process holds the writers' lock, work from the loop waits
+    for it without blocking the loop; all of it commits once the lock is free."""
+    batches = Batches()
+    store = SQLiteStore(tmp_path / "audit.db", observer=batches)
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    other = os.open(f"{store.path}.writer-lock", os.O_RDWR)
+    try:
+        store.commit_on(loop)
+        fcntl.flock(other, fcntl.LOCK_EX)  # another process's turn
+
+        def work(tx: WriteTransaction) -> int:
+            return tx.append_audit(AuditEvent(kind="policy", status="waited"))
+
+        first = asyncio.run_coroutine_threadsafe(store.atransact(work), loop)
+        time.sleep(0.1)  # the loop tried for its turn, and waits for it in a thread
+        second = asyncio.run_coroutine_threadsafe(store.atransact(work), loop)
+
+        async def alive() -> str:
+            return "answered"
+
+        # The loop answers meanwhile: a commit waiting on the lock would block it.
+        assert asyncio.run_coroutine_threadsafe(alive(), loop).result(2) == "answered"
+        assert not first.done() and not second.done()
+        fcntl.flock(other, fcntl.LOCK_UN)
+        earlier, later = first.result(5), second.result(5)
+        assert later == earlier + 1
+        assert batches.seen[-1] == (2, ["waited", "waited"])
+    finally:
+        os.close(other)
+        store.close()
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join()
+        loop.close()
