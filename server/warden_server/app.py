@@ -222,9 +222,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
         raise MetricsUnavailable(metrics_listen or "", exc) from None
     retention = None if plane.joined else _retention(plane)
     anchors = None if plane.joined else _anchors(plane)
-    commit_on = getattr(plane.store, "commit_on", None)
-    if commit_on is not None:
-        commit_on(loop.loop)
+    plane.store.commit_on(loop.loop)
     loop.run(server.start())
     if plane.config.server.watch_policies:
         plane.reloader.start()

@@ -6,6 +6,7 @@ commits together; readers depend on the interface of their concern only.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
@@ -351,6 +352,11 @@ class Store(
     def leads(self) -> bool:
         """Whether this plane runs the periodic work done once for every plane
         on the store (approval expiry, retention, anchors); asked before each run."""
+        ...
+
+    def commit_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Let the server's event loop commit, when the store can do it there
+        without blocking the loop on the network (the embedded store can)."""
         ...
 
     def close(self) -> None: ...

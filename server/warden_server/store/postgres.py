@@ -17,6 +17,7 @@ connection string follows libpq: the password comes from ``PGPASSWORD``, a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -528,6 +529,10 @@ class PostgresStore:
         self._queue.put([job])
         result: T = job.future.result()
         return result
+
+    def commit_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Commits stay on the writer thread: each waits on the network, which
+        would stop the loop."""
 
     async def atransact(
         self, work: Callable[[PostgresTransaction], T], *, deadline: float | None = None

@@ -1,6 +1,8 @@
 """The SQLite store: WAL, one writer thread with group commit, per-thread readers.
 
-One thread owns the write connection. Callers hand it work through a queue;
+One thread owns the write connection: the store's writer thread, or, once
+the store is served, the server's event loop (``commit_on``). Callers hand it
+work through a queue;
 it takes everything waiting, runs each piece of work in one transaction, and
 commits once (``synchronous=FULL``), so many concurrent requests' audit
 records become durable with a single fsync. A piece of work that raises is

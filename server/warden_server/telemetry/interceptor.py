@@ -202,8 +202,12 @@ class _BlockingContext:
         raise AssertionError("unreachable: context.abort raises")
 
     def add_callback(self, callback: Callable[[], object]) -> None:
+        def ended(_: object) -> None:
+            callback()
+
         def on_loop() -> None:
-            self._context.add_done_callback(lambda _: callback())  # type: ignore[arg-type]
+            # The stubs ask for a DoneCallback class; grpc calls any callable.
+            self._context.add_done_callback(ended)  # type: ignore[arg-type]
 
         self._loop.call_soon_threadsafe(on_loop)
 
