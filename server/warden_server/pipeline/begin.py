@@ -134,32 +134,38 @@ returned, or has what it raised thrown in."""
 def begin(plane: Plane, request: BeginRequest) -> BeginResult:
     """Begin from a thread that may block while its record commits."""
     steps = begin_steps(plane, request)
-    try:
-        write = next(steps)
-        while True:
-            try:
-                written = plane.store.transact(write.work, deadline=write.deadline)
-            except Exception as exc:
-                write = steps.throw(exc)
-            else:
-                write = steps.send(written)
-    except StopIteration as done:
-        result: BeginResult = done.value
-        return result
+    step = _resume(steps)
+    while isinstance(step, Write):
+        try:
+            written = plane.store.transact(step.work, deadline=step.deadline)
+        except Exception as exc:
+            step = _resume(steps, failed=exc)
+        else:
+            step = _resume(steps, written)
+    return step
 
 
 async def abegin(plane: Plane, request: BeginRequest) -> BeginResult:
     """Begin from a coroutine: the same steps, the commits awaited."""
     steps = begin_steps(plane, request)
+    step = _resume(steps)
+    while isinstance(step, Write):
+        try:
+            written = await plane.store.atransact(step.work, deadline=step.deadline)
+        except Exception as exc:
+            step = _resume(steps, failed=exc)
+        else:
+            step = _resume(steps, written)
+    return step
+
+
+def _resume(
+    steps: Steps, written: Any = None, failed: Exception | None = None
+) -> Write | BeginResult:
+    """Begin's next write, or its result: the steps go on with what the last
+    write returned, or with what it raised."""
     try:
-        write = next(steps)
-        while True:
-            try:
-                written = await plane.store.atransact(write.work, deadline=write.deadline)
-            except Exception as exc:
-                write = steps.throw(exc)
-            else:
-                write = steps.send(written)
+        return steps.throw(failed) if failed is not None else steps.send(written)
     except StopIteration as done:
         result: BeginResult = done.value
         return result

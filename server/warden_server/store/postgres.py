@@ -53,15 +53,7 @@ from warden_server.store.records import (
     ReplicaRecord,
 )
 from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
-from warden_server.store.writer import (
-    Job,
-    Outcome,
-    Ran,
-    WorkQueue,
-    answer,
-    awaited,
-    refuse,
-)
+from warden_server.store.writer import Job, Outcome, Ran, WorkQueue, answer, awaited, refuse
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -537,9 +529,7 @@ class PostgresStore:
     async def atransact(
         self, work: Callable[[PostgresTransaction], T], *, deadline: float | None = None
     ) -> T:
-        if self._closed:
-            raise StoreError("the store is closed")
-        result: T = await awaited(self._queue, work, deadline)
+        result: T = await awaited(self._queue, work, deadline)  # refused once closed
         return result
 
     def transact_each(

@@ -487,9 +487,7 @@ class SQLiteStore:
     async def atransact(
         self, work: Callable[[SQLiteTransaction], T], *, deadline: float | None = None
     ) -> T:
-        if self._closed:
-            raise StoreError("the store is closed")
-        result: T = await awaited(self._queue, work, deadline)
+        result: T = await awaited(self._queue, work, deadline)  # refused once closed
         return result
 
     def transact_each(

@@ -4,6 +4,7 @@ trace from the W3C ``traceparent`` metadata), its latency and a debug log line."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -90,16 +91,8 @@ class TelemetryInterceptor(_Interceptor):
         self, method: str, behavior: Callable[[Any, Any], Any]
     ) -> Callable[[Any, grpc.ServicerContext], Any]:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
-            started = time.perf_counter()
-            ended: BaseException | None = None
-            with self._span(method, context) as span:
-                try:
-                    return behavior(request, context)
-                except BaseException as exc:
-                    ended = exc
-                    raise
-                finally:
-                    self._finish(method, _code_name(context, ended), span, started)
+            with self._observed(method, context):
+                return behavior(request, context)
 
         return wrapped
 
@@ -107,16 +100,8 @@ class TelemetryInterceptor(_Interceptor):
         self, method: str, behavior: Callable[[Any, Any], Awaitable[Any]]
     ) -> Callable[[Any, Context], Awaitable[Any]]:
         async def wrapped(request: Any, context: Context) -> Any:
-            started = time.perf_counter()
-            ended: BaseException | None = None
-            with self._span(method, context) as span:
-                try:
-                    return await behavior(request, context)
-                except BaseException as exc:
-                    ended = exc
-                    raise
-                finally:
-                    self._finish(method, _code_name(context, ended), span, started)
+            with self._observed(method, context):
+                return await behavior(request, context)
 
         return wrapped
 
@@ -124,11 +109,9 @@ class TelemetryInterceptor(_Interceptor):
         self, method: str, behavior: Callable[[Any, Any], Iterator[Any]]
     ) -> Callable[[Any, Context], AsyncIterator[Any]]:
         async def wrapped(request: Any, context: Context) -> AsyncIterator[Any]:
-            started = time.perf_counter()
-            ended: BaseException | None = None
             loop = asyncio.get_running_loop()
             own = ThreadPoolExecutor(1, thread_name_prefix="warden-stream")
-            with self._span(method, context) as span:
+            with self._observed(method, context):
                 trace = contextvars.copy_context()
                 items = behavior(request, _BlockingContext(context, loop))
 
@@ -136,22 +119,30 @@ class TelemetryInterceptor(_Interceptor):
                     return trace.run(next, items, _END)
 
                 try:
-                    while True:
-                        item = await loop.run_in_executor(own, step)
-                        if item is _END:
-                            return
+                    while (item := await loop.run_in_executor(own, step)) is not _END:
                         yield item
-                except BaseException as exc:
-                    ended = exc
-                    raise
                 finally:
                     # Its ``finally`` blocks run on its own thread; the loop
                     # does not wait for them.
                     own.submit(trace.run, items.close)  # type: ignore[attr-defined]
                     own.shutdown(wait=False)
-                    self._finish(method, _code_name(context, ended), span, started)
 
         return wrapped
+
+    @contextlib.contextmanager
+    def _observed(self, method: str, context: grpc.ServicerContext | Context) -> Iterator[None]:
+        """A call's span (or its caller's trace context), then its latency,
+        status and debug line once it ends."""
+        started = time.perf_counter()
+        ended: BaseException | None = None
+        with self._span(method, context) as span:
+            try:
+                yield
+            except BaseException as exc:
+                ended = exc
+                raise
+            finally:
+                self._finish(method, _code_name(context, ended), span, started)
 
     def _span(self, method: str, context: grpc.ServicerContext | Context) -> Any:
         carrier = {
