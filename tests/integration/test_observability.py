@@ -316,6 +316,23 @@ def test_failed_rpcs_are_observed_with_their_status_code(lab_plant: Plant) -> No
         )
         == 1
     )
+    # Begin, a coroutine on the server's loop, is observed the same way.
+    with (
+        grpc.insecure_channel(lab_plant.target) as channel,
+        pytest.raises(grpc.RpcError) as refused,
+    ):
+        governor_pb2_grpc.GovernorStub(channel).Begin(
+            governor_pb2.BeginRequest(invocation_id=str(uuid.uuid4())),
+            metadata=(("x-warden-service-token", "wrong-token"),),
+        )
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    observed = sample(
+        lab_plant,
+        "warden_rpc_duration_seconds_count",
+        method=GOVERNOR_BEGIN,
+        code="UNAUTHENTICATED",
+    )
+    assert observed == 1
 
 
 def test_audit_commit_batches_are_counted(lab_plant: Plant, lab_rt: warden.Runtime) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Coroutine, Iterator
+from contextvars import ContextVar
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -77,7 +78,9 @@ def async_rpc(
         except Exception as exc:
             if isinstance(exc, RateLimited):
                 context.set_trailing_metadata(((RETRY_AFTER_METADATA, str(exc.retry_after_ms)),))
-            await context.abort(*refusal_of(exc, method.__name__))
+            code, message = refusal_of(exc, method.__name__)
+            _ending(code)
+            await context.abort(code, message)
             raise AssertionError("unreachable: context.abort raises") from None
 
     return wrapper
@@ -118,16 +121,21 @@ def refusal_of(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal error in the governance plane"
 
 
-ABORTED_WITH = "warden_status_code"
-"""The attribute ``abort`` gives the exception that ends a call: the status
-it sent, which a handler run in the server's thread pool cannot be asked
-for afterwards (its context has no ``code()``)."""
+CALL_ENDING: ContextVar[Callable[[grpc.StatusCode], None] | None] = ContextVar(
+    "warden_call_ending", default=None
+)
+"""Told a call's status just before ``abort`` sends it (the telemetry
+interceptor's): the server sends an aborted call's status at once, and its
+client may act on it before the handler has returned."""
+
+
+def _ending(code: grpc.StatusCode) -> None:
+    observe = CALL_ENDING.get()
+    if observe is not None:
+        observe(code)
 
 
 def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-    try:
-        context.abort(code, message)
-    except BaseException as exc:
-        setattr(exc, ABORTED_WITH, code)
-        raise
+    _ending(code)
+    context.abort(code, message)
     raise AssertionError("unreachable: context.abort raises")

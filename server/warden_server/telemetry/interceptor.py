@@ -20,7 +20,7 @@ from opentelemetry import propagate
 from opentelemetry.trace import SpanKind
 
 from warden_server.records.events import current_trace_id
-from warden_server.services.status import ABORTED_WITH
+from warden_server.services.status import CALL_ENDING
 from warden_server.telemetry import Telemetry
 from warden_server.telemetry.logs import fields
 
@@ -132,17 +132,27 @@ class TelemetryInterceptor(_Interceptor):
     @contextlib.contextmanager
     def _observed(self, method: str, context: grpc.ServicerContext | Context) -> Iterator[None]:
         """A call's span (or its caller's trace context), then its latency,
-        status and debug line once it ends."""
+        status and debug line once it ends: when it returns or raises, or
+        just before ``abort`` sends its status (``CALL_ENDING``)."""
         started = time.perf_counter()
-        ended: BaseException | None = None
+        ended: list[str] = []
         with self._span(method, context) as span:
+
+            def end(code: str) -> None:
+                if not ended:
+                    ended.append(code)
+                    self._finish(method, code, span, started)
+
+            ending = CALL_ENDING.set(lambda status: end(status.name))
             try:
                 yield
             except BaseException as exc:
-                ended = exc
+                end(_code_name(context, exc))
                 raise
+            else:
+                end(_code_name(context, None))
             finally:
-                self._finish(method, _code_name(context, ended), span, started)
+                CALL_ENDING.reset(ending)
 
     def _span(self, method: str, context: grpc.ServicerContext | Context) -> Any:
         carrier = {
@@ -240,13 +250,11 @@ class _CallerContext:
 
 
 def _code_name(context: Any, ended: BaseException | None) -> str:
-    """The status a call ended with: what the loop's context says, else what
-    ``abort`` put on the exception that ended the call."""
+    """The status a call ended with, when ``abort`` did not say: what the
+    loop's context knows, else OK, or what ended the call."""
     code = context.code() if hasattr(context, "code") else None
-    if code is None and ended is not None:
-        code = getattr(ended, ABORTED_WITH, None)
-        if code is None:
-            return "CANCELLED" if isinstance(ended, asyncio.CancelledError) else "UNKNOWN"
-    if code is None:
+    if code is not None:
+        return code.name if isinstance(code, grpc.StatusCode) else str(code)
+    if ended is None:
         return "OK"
-    return code.name if isinstance(code, grpc.StatusCode) else str(code)
+    return "CANCELLED" if isinstance(ended, asyncio.CancelledError) else "UNKNOWN"
