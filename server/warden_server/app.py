@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # not in the stubs
 from grpc_reflection.v1alpha import reflection
 
 from warden.v1 import (
@@ -122,7 +123,7 @@ class Server:
     loop: ServerLoop = field(repr=False)
     port: int
     host: str
-    health: health.HealthServicer = field(repr=False)
+    health: health_aio.HealthServicer = field(repr=False)
     sweeper: Sweeper | None = field(default=None, repr=False)
     metrics_port: int | None = None
     """The port of ``/metrics``, when ``[telemetry] metrics_listen`` is set."""
@@ -146,7 +147,7 @@ class Server:
         self._stopped = True
         if self.joined is not None:
             self.joined.stop(grace)
-        self.health.enter_graceful_shutdown()
+        self.loop.run(self.health.enter_graceful_shutdown())
         if self.sweeper is not None:
             self.sweeper.stop()
         self.plane.approval_events.close()  # watch streams end now, not at the grace's end
@@ -227,7 +228,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     if plane.config.server.watch_policies:
         plane.reloader.start()
     for name in (*SERVICE_NAMES, ""):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        loop.run(health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING))
     sweeper = None
     if not plane.joined:
         sweeper = Sweeper(plane, plane.config.server.approval_sweep_seconds)
@@ -275,7 +276,7 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
 
 def _listening(
     plane: Plane, processes: int, listen: str
-) -> tuple[ServerLoop, grpc.aio.Server, health.HealthServicer, int]:
+) -> tuple[ServerLoop, grpc.aio.Server, health_aio.HealthServicer, int]:
     """The server loop, and the server bound to ``listen`` on it, not yet started.
 
     Raises:
@@ -294,7 +295,7 @@ def _listening(
 
 async def _grpc_server(
     plane: Plane, processes: int
-) -> tuple[grpc.aio.Server, health.HealthServicer]:
+) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
     """The gRPC server with every servicer, health and reflection, not yet
     bound; made on the loop it will serve from."""
     config = plane.config
@@ -321,7 +322,7 @@ async def _grpc_server(
     approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(plane), server)
     grants_pb2_grpc.add_GrantKeysServicer_to_server(GrantKeysServicer(plane), server)
     audit_pb2_grpc.add_AuditServicer_to_server(AuditServicer(plane), server)
-    health_servicer = health.HealthServicer()
+    health_servicer = health_aio.HealthServicer()  # answered on the loop
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
