@@ -4,8 +4,9 @@ The server is grpc.aio's, on an event loop with a thread of its own
 (``ServerLoop``). ``Begin``, the call on every governed call's path, is a
 coroutine on that loop, and an embedded store commits its records from the
 same thread (``SQLiteStore.commit_on``): a request goes from the network to
-its durable record and back without a hand-off between threads. Every other
-method blocks and runs in the server's thread pool (``[server] workers``).
+its durable record and back without a hand-off between threads. Health
+checks are answered on the loop too; every other method blocks and runs in
+the server's thread pool (``[server] workers``).
 """
 
 from __future__ import annotations
