@@ -3,7 +3,8 @@
 It measures what Python gRPC alone costs per call on this machine, so Warden's
 throughput can be read as a share of it. ``--processes N`` starts N servers on
 one port with SO_REUSEPORT, as ``warden serve --processes`` does, so both share
-the kernel's spreading of connections the same way.
+the kernel's spreading of connections the same way; with one process per CPU,
+each runs on a CPU of its own, as Warden's do (``warden_server/placement.py``).
 
 ``python -m benchmarks.peers.echo --port 50099 --processes 2``
 """
@@ -17,6 +18,8 @@ import subprocess
 import sys
 
 import grpc
+
+from warden_server.placement import cpus_for, pin_to
 
 SERVICE = "bench.Echo"
 METHOD = "Echo"
@@ -47,12 +50,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--cpu", type=int, help="the CPU to run on (a child's)")
     args = parser.parse_args()
+    cpus = cpus_for(args.processes, pin=True) or [args.cpu]
+    if cpus[0] is not None:
+        pin_to(cpus[0])
     # The first server runs here; the others are children, so the CPU of the
     # whole tree is this process and its descendants.
     children = [
-        subprocess.Popen([sys.executable, "-m", __spec__.name, "--port", str(args.port)])
-        for _ in range(args.processes - 1)
+        subprocess.Popen(
+            [sys.executable, "-m", __spec__.name, "--port", str(args.port)]
+            + (["--cpu", str(cpu)] if cpu is not None else [])
+        )
+        for cpu in (cpus[1:] if len(cpus) > 1 else [None] * (args.processes - 1))
     ]
     try:
         asyncio.run(serve(args.port))

@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -49,6 +49,7 @@ from warden_server.audit.checkpoint import CheckpointSigner
 from warden_server.audit.retention import RetentionScheduler
 from warden_server.config import Config
 from warden_server.notifications import Notifier, start_notifier
+from warden_server.placement import pin_to
 from warden_server.plane import Plane
 from warden_server.policy.model import parse_duration
 from warden_server.processes import JoinedProcesses
@@ -197,8 +198,11 @@ def server_credentials(config: Config) -> grpc.ServerCredentials | None:
     )
 
 
-def serve(plane: Plane, listen: str | None = None) -> Server:
+def serve(plane: Plane, listen: str | None = None, *, cpus: Sequence[int] | None = None) -> Server:
     """Start serving ``plane`` on ``listen`` (``host:port``; port 0 picks a free one).
+
+    With ``cpus`` (``placement.cpus_for``: one per process), this process runs
+    on the first and each process it starts on the next.
 
     Raises:
         OSError: the address cannot be bound (MetricsUnavailable: the metrics address).
@@ -206,6 +210,8 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     listen = listen or plane.config.server.listen
     host = listen.rsplit(":", 1)[0]
     processes = plane.config.process_count
+    if cpus:
+        pin_to(cpus[0])
     if processes > 1 and not plane.joined:
         try:
             _claim(listen)
@@ -257,7 +263,11 @@ def serve(plane: Plane, listen: str | None = None) -> Server:
     if processes > 1 and not plane.joined:
         try:
             running.joined = JoinedProcesses.start(
-                plane.config, f"{host}:{port}", processes - 1, plane.secrets()
+                plane.config,
+                f"{host}:{port}",
+                processes - 1,
+                plane.secrets(),
+                cpus=cpus[1:] if cpus else None,
             )
             plane.telemetry.peer_metrics_ports = running.joined.metrics_ports
         except OSError:

@@ -9,7 +9,6 @@ environment as an argument so that tests never patch ``os.environ``.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from warden_server.placement import usable_cpus
 from warden_server.policy.model import parse_duration
 
 _NAMESPACE = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
@@ -78,7 +78,13 @@ class ServerSection(_Section):
     """Processes serving the port together (SO_REUSEPORT), each with its own
     policy set and store connection; the audit chain stays one (appends are
     serialized by the store's write lock, group-committed per process).
-    Default: one per CPU."""
+    Default: one per CPU this process may run on."""
+    pin_processes: bool = True
+    """With one process per CPU (the default count), run each process on a CPU
+    of its own (Linux): its threads (the event loop, gRPC's poller, the pool)
+    hand the interpreter to each other on one core, in that core's caches.
+    Turn it off when the plane shares its CPUs with other busy work, so that
+    the kernel may move its processes to idle ones."""
     request_deadline_ms: Annotated[int, Field(gt=0)] = 5_000
     """The plane's own time budget per request (shortened by the caller's gRPC
     deadline). A Begin that runs out of time fails closed and never commits a grant."""
@@ -447,8 +453,9 @@ class Config(_Section):
 
     @property
     def process_count(self) -> int:
-        """``[server] processes``, or the number of CPUs when unset."""
-        return self.server.processes or os.cpu_count() or 1
+        """``[server] processes``, or the number of CPUs this process may run on
+        when unset (a container's CPU set, not the whole machine's)."""
+        return self.server.processes or len(usable_cpus()) or 1
 
     @property
     def store_url(self) -> str | None:

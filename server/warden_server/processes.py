@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from multiprocessing.connection import Connection
@@ -49,6 +49,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Final
 
 from warden_server.config import Config
+from warden_server.placement import pin_to
 
 if TYPE_CHECKING:
     from warden_server.plane import ProcessSecrets
@@ -91,10 +92,16 @@ class JoinedProcesses:
 
     @classmethod
     def start(
-        cls, config: Config, listen: str, count: int, secrets: ProcessSecrets
+        cls,
+        config: Config,
+        listen: str,
+        count: int,
+        secrets: ProcessSecrets,
+        *,
+        cpus: Sequence[int] | None = None,
     ) -> JoinedProcesses:
         """Start ``count`` processes serving ``listen`` with ``config``; returns
-        once every one serves.
+        once every one serves. With ``cpus``, the i-th runs on ``cpus[i]``.
 
         Raises:
             ProcessStartError: one did not start (the others are stopped).
@@ -110,12 +117,12 @@ class JoinedProcesses:
         started = cls()
         readiness: list[Connection] = []
         try:
-            for _ in range(count):
+            for index in range(count):
                 ready, ready_child = _FORKSERVER.Pipe(duplex=False)
                 lifeline_child, lifeline = _FORKSERVER.Pipe(duplex=False)
                 process = _FORKSERVER.Process(
                     target=_join,
-                    args=(spec, ready_child, lifeline_child),
+                    args=(spec, ready_child, lifeline_child, cpus[index] if cpus else None),
                     name="warden-joined",
                     daemon=False,
                 )
@@ -183,9 +190,11 @@ def _await_ready(process: BaseProcess, ready: Connection) -> int | None:
     raise ProcessStartError(f"a joining process did not start: {said}")
 
 
-def _join(spec_text: str, ready: Connection, lifeline: Connection) -> None:
-    """A process joining a plane: serve until told to stop, or until the
-    first process is gone."""
+def _join(spec_text: str, ready: Connection, lifeline: Connection, cpu: int | None) -> None:
+    """A process joining a plane (on ``cpu``, when given): serve until told
+    to stop, or until the first process is gone."""
+    if cpu is not None:
+        pin_to(cpu)  # before any thread of the plane starts: they inherit it
     from warden_server.app import serve
     from warden_server.plane import Plane, ProcessSecrets
     from warden_server.telemetry.logs import configure_logging

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -256,3 +257,71 @@ def test_metrics_count_the_calls_every_process_served(tmp_path: Path, orders_exa
     }
     assert samples[("warden_decisions_total", tuple(sorted(granted.items())))] == calls
     assert counted_here() < calls
+
+
+def _serving_processes(first: int) -> list[int]:
+    """``warden serve``'s own pid and its joined processes': the descendants
+    that run threads (the forkserver and its resource tracker run one each)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except OSError:  # ended meanwhile
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, waiting = [], [first]
+    while waiting:
+        pid = waiting.pop()
+        found.append(pid)
+        waiting.extend(children.get(pid, []))
+    return [first] + [p for p in found[1:] if len(list(Path(f"/proc/{p}/task").iterdir())) > 1]
+
+
+def _thread_cpus(pid: int) -> set[frozenset[int]]:
+    """The CPU sets the threads of ``pid`` may run on, each set once."""
+    return {
+        frozenset(os.sched_getaffinity(int(t.name))) for t in Path(f"/proc/{pid}/task").iterdir()
+    }
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_with_one_process_per_cpu_each_runs_on_a_cpu_of_its_own(tmp_path: Path, pin: bool) -> None:
+    from tests.integration.test_cli import free_port, warden_command, write_config
+
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < 2:
+        pytest.skip("needs two CPUs to place two processes on")
+    cpus = usable[:2]
+    config_path = write_config(tmp_path / "cli")
+    text = config_path.read_text()
+    config_path.write_text(
+        text.replace("[server]\n", f"[server]\npin_processes = {str(pin).lower()}\n", 1)
+    )
+    target = f"127.0.0.1:{free_port()}"
+    process = subprocess.Popen(
+        # Two CPUs given to two processes: one process per CPU, the default count.
+        ["taskset", "-c", ",".join(map(str, cpus)), *warden_command(), "serve",
+         "--config", str(config_path), "--listen", target, "--metrics-listen", "off"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        started = process.stderr.readline()
+        while "warden serving on" not in started:
+            assert started, "warden serve ended before it served"
+            started = process.stderr.readline()
+        serving = _serving_processes(process.pid)
+        assert len(serving) == 2, f"expected the first process and one joined, got {serving}"
+        placed = [_thread_cpus(pid) for pid in serving]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    assert "2 processes" in started, started
+    if pin:
+        assert placed == [{frozenset({cpus[0]})}, {frozenset({cpus[1]})}], placed
+        assert f"on CPUs {cpus[0]}, {cpus[1]}" in started
+    else:
+        assert placed == [{frozenset(cpus)}, {frozenset(cpus)}], placed
+        assert "on CPUs" not in started

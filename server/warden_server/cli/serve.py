@@ -56,6 +56,7 @@ def serve(
     """Serve the plane until interrupted."""
     from warden_server.app import MetricsUnavailable, Server
     from warden_server.app import serve as start
+    from warden_server.placement import cpus_for
     from warden_server.plane import Plane
     from warden_server.processes import freeze_what_is_loaded
 
@@ -72,6 +73,10 @@ def serve(
         config = config.model_copy(
             update={"telemetry": config.telemetry.model_copy(update={"metrics_listen": moved})}
         )
+    # Counted once, here: once this process runs on one CPU of them, and its
+    # joining processes on theirs, a count by CPU affinity would see one.
+    counted = config.server.model_copy(update={"processes": config.process_count})
+    config = config.model_copy(update={"server": counted})
     configure_logging(log_level, log_format or config.telemetry.log_format)
     freeze_what_is_loaded()
     try:
@@ -93,8 +98,9 @@ def serve(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    cpus = cpus_for(config.process_count, pin=config.server.pin_processes)
     try:
-        server = start(plane, config.server.listen)
+        server = start(plane, config.server.listen, cpus=cpus)
     except MetricsUnavailable as exc:
         raise click.ClickException(
             f"{exc}; move it with --metrics-listen HOST:PORT, "
@@ -106,7 +112,8 @@ def serve(
     count = config.process_count
     click.echo(
         f"warden serving on {server.target} (store {config.store_path}, "
-        f"policies {config.policies_path}, {count} process{'es' if count > 1 else ''})",
+        f"policies {config.policies_path}, {count} process{'es' if count > 1 else ''}"
+        f"{', on CPUs ' + ', '.join(map(str, cpus)) if cpus else ''})",
         err=True,
     )
     if server.metrics_port is not None:
