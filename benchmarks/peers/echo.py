@@ -52,17 +52,18 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--cpu", type=int, help="the CPU to run on (a child's)")
     args = parser.parse_args()
-    cpus = cpus_for(args.processes, pin=True) or [args.cpu]
-    if cpus[0] is not None:
-        pin_to(cpus[0])
+    cpus = cpus_for(args.processes, pin=True)
+    cpu = cpus[0] if cpus else args.cpu
+    if cpu is not None:
+        pin_to(cpu)
     # The first server runs here; the others are children, so the CPU of the
     # whole tree is this process and its descendants.
     children = [
         subprocess.Popen(
             [sys.executable, "-m", __spec__.name, "--port", str(args.port)]
-            + (["--cpu", str(cpu)] if cpu is not None else [])
+            + (["--cpu", str(cpus[child])] if cpus else [])
         )
-        for cpu in (cpus[1:] if len(cpus) > 1 else [None] * (args.processes - 1))
+        for child in range(1, args.processes)
     ]
     try:
         asyncio.run(serve(args.port))

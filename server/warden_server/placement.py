@@ -7,7 +7,8 @@ migrate between cores and hand the interpreter across them, each time
 without the other core's caches. Pinned, a process's threads share one
 core, and the processes of a plane no longer meet on one core while another
 idles. Measured with two processes on two cores, 32 ``Begin`` in flight:
-about 13% more throughput and a lower p99 (``docs/performance.md``).
+5 to 14% more throughput, depending on the load generator's driver, and a
+lower p99 (``docs/performance.md``, item 21).
 
 Only ``warden serve`` pins, and only when the plane has one process per CPU
 it may use (``[server] pin_processes``): a plane embedded in a program, or one
