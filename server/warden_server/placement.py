@@ -18,7 +18,10 @@ given fewer processes than CPUs, leaves placement to the kernel.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+
+log = logging.getLogger(__name__)
 
 
 def usable_cpus() -> list[int]:
@@ -41,7 +44,14 @@ def cpus_for(processes: int, *, pin: bool) -> list[int] | None:
 
 def pin_to(cpu: int) -> None:
     """Run this process on ``cpu``: every thread it has now, and so every
-    thread those start (a new thread inherits its starter's affinity)."""
-    for task in os.listdir("/proc/self/task"):
-        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-            os.sched_setaffinity(int(task), {cpu})
+    thread those start (a new thread inherits its starter's affinity).
+
+    A CPU the process may no longer use (its CPU set changed since it was
+    counted) leaves it where the kernel puts it, and says so.
+    """
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(task), {cpu})
+    except OSError as exc:
+        log.warning("cannot run on CPU %d (%s): the kernel places this process", cpu, exc)

@@ -59,3 +59,13 @@ print(json.dumps(cpus))
     threads = json.loads(out)
     assert len(threads) >= 3
     assert all(cpus == [cpu] for cpus in threads.values()), threads
+
+
+def test_a_cpu_the_process_may_not_use_leaves_it_where_it_was(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    before = os.sched_getaffinity(0)
+    beyond = max(before) + 4096  # no machine here has it
+    placement.pin_to(beyond)
+    assert os.sched_getaffinity(0) == before
+    assert f"cannot run on CPU {beyond}" in caplog.text
