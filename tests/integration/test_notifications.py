@@ -10,6 +10,7 @@ import json
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -195,6 +196,16 @@ def requested_headers(got: dict[tuple[str, str], Delivery]) -> dict[str, str]:
     return next(iter(got.values())).headers
 
 
+def _attempts(config: Config) -> int:
+    """The attempts recorded for the store's one notification (0 before any)."""
+    conn = sqlite3.connect(config.store_path)
+    try:
+        row = conn.execute("SELECT attempts FROM notifications").fetchone()
+    finally:
+        conn.close()
+    return int(row[0]) if row else 0
+
+
 def test_a_notification_retried_when_the_plane_restarts_still_arrives_signed(
     tmp_path: Path, receiver: Receiver, planes: list[Server]
 ) -> None:
@@ -208,7 +219,13 @@ def test_a_notification_retried_when_the_plane_restarts_still_arrives_signed(
         asked = charge(rt, requester, 730)
         first = receiver.next()
         assert first.answered == 500
-        planes[-1].stop(grace=0)  # the plane stops between two attempts
+        # The plane records the failed attempt once the receiver has answered
+        # it: it stops between two attempts, not within the first.
+        deadline = time.monotonic() + 10
+        while _attempts(config) < 1:
+            assert time.monotonic() < deadline, "the failed attempt was never recorded"
+            time.sleep(0.01)
+        planes[-1].stop(grace=0)
         receiver.status = 200
         planes.append(serve(Plane.from_config(config), listen))
         delivered = receiver.next()
