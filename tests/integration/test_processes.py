@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from benchmarks import process_tree
 from tests.conftest import EXAMPLE_POLICIES, ORDERS_TOKEN, Plant, copy_policies
 from warden.shared.wire import PROCESS_METADATA, SERVICE_TOKEN_METADATA
 from warden.v1 import governor_pb2, governor_pb2_grpc, policy_pb2, policy_pb2_grpc
@@ -262,20 +263,9 @@ def test_metrics_count_the_calls_every_process_served(tmp_path: Path, orders_exa
 def _serving_processes(first: int) -> list[int]:
     """``warden serve``'s own pid and its joined processes': the descendants
     that run threads (the forkserver and its resource tracker run one each)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
-            except OSError:  # ended meanwhile
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, waiting = [], [first]
-    while waiting:
-        pid = waiting.pop()
-        found.append(pid)
-        waiting.extend(children.get(pid, []))
-    return [first] + [p for p in found[1:] if len(list(Path(f"/proc/{p}/task").iterdir())) > 1]
+    return [first] + [
+        pid for pid in process_tree(first)[1:] if len(list(Path(f"/proc/{pid}/task").iterdir())) > 1
+    ]
 
 
 def _thread_cpus(pid: int) -> set[frozenset[int]]:
