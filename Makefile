@@ -61,8 +61,8 @@ test: $(STAMP) postgres-binaries chromium lint typecheck proto-check proto-ts-ch
 	$(BIN)/warden policy check policies
 	$(BIN)/warden policy test policies --min-coverage 100
 	$(BIN)/pytest -q -n $(TEST_WORKERS)
-	@echo "the integration tests again, against planes of two processes (single_process ones ran above):"
-	WARDEN_TEST_PROCESSES=2 $(BIN)/pytest -q -n $(TEST_WORKERS) -m "not single_process" tests/integration tests/console
+	@echo "the integration tests again, against planes of two processes (single_process and fixed_processes ones ran above):"
+	WARDEN_TEST_PROCESSES=2 $(BIN)/pytest -q -n $(TEST_WORKERS) -m "not single_process and not fixed_processes" tests/integration tests/console
 
 CHROMIUM := /usr/bin/chromium
 

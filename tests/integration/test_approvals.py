@@ -705,6 +705,7 @@ def test_cli_list_says_why_it_lists_nothing(lab_rt: warden.Runtime, lab_plant: P
     assert cli("list", "--target", lab_plant.target, "--token", acme).stderr == ""
 
 
+@pytest.mark.fixed_processes
 def test_every_approvals_command_is_documented() -> None:
     guide = (ROOT / "docs" / "approvals.md").read_text()
     group = main.commands["approvals"]

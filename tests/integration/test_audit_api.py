@@ -374,6 +374,7 @@ def test_the_plane_prunes_on_schedule_and_still_verifies(tmp_path: Path) -> None
         assert reader.verify(store, server.plane.checkpoints).ok
 
 
+@pytest.mark.fixed_processes
 def test_retention_without_a_private_key_is_refused_at_start(tmp_path: Path) -> None:
     base = make_config(tmp_path).model_dump(mode="json", exclude={"base_dir"})
     base["audit"] = {"retention": "1d"}

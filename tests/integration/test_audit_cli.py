@@ -19,6 +19,10 @@ from warden_server.cli import main
 from warden_server.records.chain import record_hash
 from warden_server.records.events import COLUMNS
 
+# `warden audit` reads a store file; no plane here takes its process count
+# from WARDEN_TEST_PROCESSES, so the second pass would repeat these unchanged.
+pytestmark = pytest.mark.fixed_processes
+
 NO_CONFIG = "no-such-config.toml"
 
 

@@ -117,6 +117,7 @@ def test_token_mint_prints_a_jwt_the_plane_accepts(
     )
 
 
+@pytest.mark.fixed_processes
 def test_token_mint_carries_several_roles_attributes_and_the_ttl(tmp_path: Path) -> None:
     config_path = write_config(tmp_path / "cli")
     result = run(
@@ -134,6 +135,7 @@ def test_token_mint_carries_several_roles_attributes_and_the_ttl(tmp_path: Path)
     assert (claims["iss"], claims["aud"]) == ("warden-test", "warden")
 
 
+@pytest.mark.fixed_processes
 def test_token_mint_refuses_a_malformed_attribute(tmp_path: Path) -> None:
     config_path = write_config(tmp_path / "cli")
     result = run("token", "mint", "--config", str(config_path), "--sub", "a", "--attr", "desk")
@@ -141,6 +143,7 @@ def test_token_mint_refuses_a_malformed_attribute(tmp_path: Path) -> None:
     assert "'desk' is not KEY=VALUE" in result.stderr
 
 
+@pytest.mark.fixed_processes
 def test_token_mint_without_an_hs256_secret_is_a_clear_error(tmp_path: Path) -> None:
     folder = tmp_path / "cli"
     config_path = write_config(folder, actors='public_key_file = "actors.pem"')
@@ -151,6 +154,7 @@ def test_token_mint_without_an_hs256_secret_is_a_clear_error(tmp_path: Path) -> 
     assert "Traceback" not in result.output
 
 
+@pytest.mark.fixed_processes
 def test_token_mint_with_no_actor_keys_at_all_names_the_missing_setting(tmp_path: Path) -> None:
     config_path = write_config(tmp_path / "cli", actors="")
     result = run("token", "mint", "--config", str(config_path), "--sub", "alice")
@@ -158,6 +162,7 @@ def test_token_mint_with_no_actor_keys_at_all_names_the_missing_setting(tmp_path
     assert "set exactly one of hs256_secret, public_key_file or jwks_file" in result.stderr
 
 
+@pytest.mark.fixed_processes
 def test_token_mint_with_a_missing_config_file_says_so(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere.toml"
     result = run("token", "mint", "--config", str(missing), "--sub", "alice")
@@ -179,6 +184,7 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
             process.communicate(timeout=10)
 
 
+@pytest.mark.fixed_processes
 def test_python_dash_m_runs_the_cli() -> None:
     done = subprocess.run(
         [*warden_command(), "--help"], capture_output=True, text=True, timeout=60, check=False
@@ -187,6 +193,7 @@ def test_python_dash_m_runs_the_cli() -> None:
     assert "Usage:" in done.stdout and "serve" in done.stdout
 
 
+@pytest.mark.fixed_processes
 def test_serve_is_healthy_reflects_its_services_and_stops_cleanly_on_sigterm(
     tmp_path: Path, processes: list[subprocess.Popen[str]]
 ) -> None:
@@ -230,6 +237,7 @@ def test_serve_is_healthy_reflects_its_services_and_stops_cleanly_on_sigterm(
     assert (tmp_path / "cli" / "var" / "warden.db").exists()
 
 
+@pytest.mark.fixed_processes
 def test_serve_with_a_broken_policy_folder_exits_non_zero_naming_file_line_col(
     tmp_path: Path,
 ) -> None:
@@ -250,6 +258,7 @@ def test_serve_with_a_broken_policy_folder_exits_non_zero_naming_file_line_col(
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.fixed_processes
 def test_serve_policies_flag_overrides_the_config(tmp_path: Path) -> None:
     """--policies wins over [server] policies: a good config pointed at a broken folder fails."""
     broken = tmp_path / "broken-policies"
@@ -291,6 +300,7 @@ def test_serve_on_an_address_another_plane_holds_fails_instead_of_sharing_it(
     assert "Traceback" not in stderr
 
 
+@pytest.mark.fixed_processes
 def test_serve_with_an_unusable_listen_address_is_a_clear_error(tmp_path: Path) -> None:
     config_path = write_config(tmp_path / "cli")
     done = subprocess.run(
@@ -322,6 +332,7 @@ def store_from_a_newer_warden(path: Path) -> Path:
     return path
 
 
+@pytest.mark.fixed_processes
 @pytest.mark.parametrize(
     ("make", "why"),
     [
@@ -377,6 +388,7 @@ def serve_until_ready(
     return process.returncode, stderr
 
 
+@pytest.mark.fixed_processes
 def test_serve_moves_metrics_off_a_taken_port_with_metrics_listen(
     tmp_path: Path, processes: list[subprocess.Popen[str]]
 ) -> None:
@@ -437,6 +449,7 @@ def http_port() -> Iterator[str]:
     server.server_close()
 
 
+@pytest.mark.fixed_processes
 @pytest.mark.parametrize("command", PLANE_COMMANDS, ids=" ".join)
 def test_every_command_says_no_plane_at_target_alike(
     command: tuple[str, ...], http_port: str
@@ -451,6 +464,7 @@ def test_every_command_says_no_plane_at_target_alike(
         assert result.output == f"Error: no plane at {target}: {why}\n"
 
 
+@pytest.mark.fixed_processes
 @pytest.mark.parametrize("command", PLANE_COMMANDS, ids=" ".join)
 def test_every_command_refuses_a_target_that_is_not_host_port(command: tuple[str, ...]) -> None:
     """gRPC would take port 99999 as port 34463, another plane's perhaps."""
@@ -486,12 +500,14 @@ def test_policy_status_finds_the_plane_as_approvals_do(plant: Plant) -> None:
 # -- policy check / test ----------------------------------------------------------------
 
 
+@pytest.mark.fixed_processes
 def test_policy_check_accepts_the_example_policies() -> None:
     result = run("policy", "check", str(EXAMPLE_POLICIES))
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("ok: 7 rules, 2 limits in 1 file, 14 test cases (revision ")
 
 
+@pytest.mark.fixed_processes
 def test_policy_check_reports_file_line_col_and_exits_1(tmp_path: Path) -> None:
     folder = tmp_path / "broken"
     folder.mkdir()
@@ -503,6 +519,7 @@ def test_policy_check_reports_file_line_col_and_exits_1(tmp_path: Path) -> None:
     assert result.stderr.endswith("in 1 file\n")
 
 
+@pytest.mark.fixed_processes
 def test_policy_test_passes_the_example_suite_with_full_coverage() -> None:
     result = run("policy", "test", str(EXAMPLE_POLICIES))
     assert result.exit_code == 0, result.output
@@ -514,6 +531,7 @@ def test_policy_test_passes_the_example_suite_with_full_coverage() -> None:
     assert "condition outcomes no test produced" not in result.stdout
 
 
+@pytest.mark.fixed_processes
 def test_policy_test_exits_1_on_a_failing_case_and_says_which(tmp_path: Path) -> None:
     folder = tmp_path / "policies"
     shutil.copytree(EXAMPLE_POLICIES, folder)
@@ -534,6 +552,7 @@ tests:
     assert "      matched  no rule\n" in result.stdout
 
 
+@pytest.mark.fixed_processes
 def test_a_failing_policy_test_says_which_rules_matched_and_why_others_failed(
     tmp_path: Path,
 ) -> None:
@@ -566,6 +585,7 @@ tests:
     assert {"rule": "no-refunds-above-10000", "error": "no such key: amount"} in case["errors"]
 
 
+@pytest.mark.fixed_processes
 def test_policy_test_reports_rules_no_test_exercised(tmp_path: Path) -> None:
     folder = tmp_path / "policies"
     shutil.copytree(EXAMPLE_POLICIES, folder)
@@ -633,6 +653,7 @@ def test_audit_verify_names_the_first_missing_record(audited: Plant) -> None:
     assert "TAMPERED at seq 3" in result.stderr
 
 
+@pytest.mark.fixed_processes
 def test_audit_verify_on_a_missing_store_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "missing.db"
     result = run("audit", "verify", "--store", str(missing))
@@ -641,6 +662,7 @@ def test_audit_verify_on_a_missing_store_is_a_clear_error(tmp_path: Path) -> Non
     assert not missing.exists()
 
 
+@pytest.mark.fixed_processes
 @pytest.mark.parametrize("command", ["verify", "query"])
 def test_audit_commands_on_a_file_that_is_not_a_store_are_a_clear_error(
     tmp_path: Path, command: str
@@ -699,6 +721,7 @@ def every_command(
 COMMANDS = list(every_command(main))
 
 
+@pytest.mark.fixed_processes
 def test_the_cli_has_the_expected_commands() -> None:
     paths = {" ".join(path) for path, _ in COMMANDS}
     assert {
@@ -715,6 +738,7 @@ def test_the_cli_has_the_expected_commands() -> None:
     } <= paths
 
 
+@pytest.mark.fixed_processes
 @pytest.mark.parametrize(
     ("path", "command"), COMMANDS, ids=[" ".join(p) or "warden" for p, _ in COMMANDS]
 )

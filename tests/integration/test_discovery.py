@@ -82,6 +82,7 @@ def test_discover_for_a_refused_actor_raises_unauthenticated(
     assert raised.value.cause is not None
 
 
+@pytest.mark.fixed_processes
 def test_discover_fails_closed_when_the_plane_cannot_be_asked(lab: Lab) -> None:
     rt = build_lab("127.0.0.1:9", ORDERS_TOKEN, lab, governance_timeout_ms=300)
     try:

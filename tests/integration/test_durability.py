@@ -26,6 +26,10 @@ from warden_server.auth.actors import mint_token
 from warden_server.cli import main
 from warden_server.config import load_config
 
+# `warden serve` runs in a subprocess with its default process count, so the
+# second pass (WARDEN_TEST_PROCESSES=2) would repeat these unchanged.
+pytestmark = pytest.mark.fixed_processes
+
 CLIENTS = 8
 GRANTS_BEFORE_THE_KILL = 150
 

@@ -149,6 +149,7 @@ def decision(plant: Plant, invocation_id: str) -> dict[str, Any]:
     return row
 
 
+@pytest.mark.fixed_processes
 def test_fifty_concurrent_calls_from_several_processes_admit_exactly_the_burst(
     start_plane: Callable[..., Plant], tmp_path: Path
 ) -> None:

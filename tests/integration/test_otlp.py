@@ -25,6 +25,10 @@ from warden_server.auth.actors import mint_token
 from warden_server.config import Config
 from warden_server.plane import Plane
 
+# Each plane here sets its own process count (one), so the second pass
+# (WARDEN_TEST_PROCESSES=2) would repeat these unchanged.
+pytestmark = pytest.mark.fixed_processes
+
 Export = tuple[dict[str, str], Any]
 
 

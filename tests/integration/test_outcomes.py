@@ -237,6 +237,7 @@ def test_a_call_budget_below_the_capability_budget_applies(
     assert fast.status == "succeeded"
 
 
+@pytest.mark.fixed_processes
 def test_governance_unavailable_when_the_plane_is_down(lab: Lab) -> None:
     rt = build_lab("127.0.0.1:9", ORDERS_TOKEN, lab, governance_timeout_ms=300)
     try:

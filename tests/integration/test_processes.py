@@ -80,6 +80,7 @@ def test_a_second_plane_cannot_share_the_port(
         serve(Plane.from_config(config), plant.target)
 
 
+@pytest.mark.fixed_processes
 def test_a_plane_told_to_stop_while_its_processes_start_stops_cleanly(tmp_path: Path) -> None:
     from tests.integration.test_cli import free_port, warden_command, write_config
 
@@ -275,6 +276,7 @@ def _thread_cpus(pid: int) -> set[frozenset[int]]:
     }
 
 
+@pytest.mark.fixed_processes
 @pytest.mark.parametrize("pin", [True, False])
 def test_with_one_process_per_cpu_each_runs_on_a_cpu_of_its_own(tmp_path: Path, pin: bool) -> None:
     from tests.integration.test_cli import free_port, warden_command, write_config

@@ -24,12 +24,14 @@ def readme_outcomes() -> list[tuple[str, str]]:
     return re.findall(r"^(orders\.\w+) \{.*?\} -> (\w+):", text, flags=re.M)
 
 
+@pytest.mark.fixed_processes
 def test_readme_opens_with_make_run_and_make_test() -> None:
     lines = [line for line in (ROOT / "README.md").read_text().splitlines() if line.strip()]
     commands = [line.split("#")[0].strip() for line in lines[1:5] if line.startswith("make ")]
     assert commands == ["make run", "make test"]
 
 
+@pytest.mark.fixed_processes
 def test_ci_runs_exactly_make_test() -> None:
     script = (ROOT / ".ci" / "run").read_text().splitlines()
     assert [line for line in script if line and not line.startswith(("#", "set ", "cd "))] == [
@@ -73,6 +75,7 @@ def test_quick_start_example_runs_from_its_own_folder(dev_plane: Server) -> None
     )
 
 
+@pytest.mark.fixed_processes
 def test_quick_start_example_says_when_its_config_is_missing(tmp_path: Path) -> None:
     copy = tmp_path / "checkout" / "examples" / "orders" / "service.py"
     copy.parent.mkdir(parents=True)
@@ -85,6 +88,7 @@ def test_quick_start_example_says_when_its_config_is_missing(tmp_path: Path) -> 
     )
 
 
+@pytest.mark.fixed_processes
 def test_quick_start_example_says_when_no_plane_serves(unused_target: str) -> None:
     result = run_example(
         ROOT / "examples" / "orders" / "service.py", ROOT, WARDEN_TARGET=unused_target
@@ -106,6 +110,7 @@ def unused_target() -> str:
 MCP_EXAMPLE = ROOT / "examples" / "orders" / "mcp_server.py"
 
 
+@pytest.mark.fixed_processes
 def test_mcp_example_run_in_a_terminal_says_what_it_waits_for(unused_target: str) -> None:
     terminal, its_end = pty.openpty()
     process = subprocess.Popen(
@@ -126,6 +131,7 @@ def test_mcp_example_run_in_a_terminal_says_what_it_waits_for(unused_target: str
     assert "This is an MCP server: it speaks JSON-RPC on stdin and stdout" in stderr
 
 
+@pytest.mark.fixed_processes
 def test_mcp_example_under_a_host_prints_no_hint(unused_target: str) -> None:
     done = subprocess.run(
         [sys.executable, str(MCP_EXAMPLE)],
@@ -140,6 +146,7 @@ def test_mcp_example_under_a_host_prints_no_hint(unused_target: str) -> None:
     assert (done.stdout, done.stderr) == ("", "")
 
 
+@pytest.mark.fixed_processes
 def test_mcp_example_without_an_actor_token_says_which_variable(unused_target: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "WARDEN_ACTOR_TOKEN"}
     done = subprocess.run(

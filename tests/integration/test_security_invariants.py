@@ -52,6 +52,7 @@ def begin(
 # -- SI-1 fail closed -------------------------------------------------------
 
 
+@pytest.mark.fixed_processes
 def test_si1_plane_unreachable_means_governance_unavailable_and_no_execution(lab: Lab) -> None:
     rt = build_lab("127.0.0.1:9", ORDERS_TOKEN, lab, governance_timeout_ms=300)
     try:

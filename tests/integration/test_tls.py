@@ -149,11 +149,13 @@ def test_mutual_tls_serves_only_clients_with_a_certificate_it_trusts(
     assert _echo(plant, foreign).error is not None
 
 
+@pytest.mark.fixed_processes
 def test_half_a_client_certificate_is_refused_up_front() -> None:
     with pytest.raises(ValueError, match="together"):
         warden.TLS(ca_file="ca.pem", cert_file="client.pem")
 
 
+@pytest.mark.fixed_processes
 def test_an_unreadable_ca_file_is_a_developer_error(tmp_path: Path) -> None:
     with pytest.raises(warden.WardenError, match="cannot read"):
         warden.Runtime(
@@ -161,6 +163,7 @@ def test_an_unreadable_ca_file_is_a_developer_error(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.fixed_processes
 def test_the_config_wants_certificate_and_key_together() -> None:
     with pytest.raises(ConfigError, match="tls_cert_file and tls_key_file together"):
         config_from_dict(
@@ -168,6 +171,7 @@ def test_the_config_wants_certificate_and_key_together() -> None:
         )
 
 
+@pytest.mark.fixed_processes
 def test_tls_settings_come_from_the_environment_for_the_cli() -> None:
     assert warden.TLS.from_environ({}) is None
     tls = warden.TLS.from_environ({"WARDEN_TLS_CA_FILE": "ca.pem"})

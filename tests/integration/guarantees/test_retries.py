@@ -139,6 +139,7 @@ def test_si11_failures_that_would_recur_are_not_retried(
         assert env.attempt == 1
 
 
+@pytest.mark.fixed_processes
 def test_si11_governance_unavailable_is_retried_only_when_repeating_is_safe(
     ledger: Ledger,
 ) -> None:

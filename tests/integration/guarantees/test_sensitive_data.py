@@ -191,6 +191,7 @@ def test_si5_model_hidden_fields_never_reach_the_model(
     assert env.model_output["receipt"]["last4"] == "1111"
 
 
+@pytest.mark.fixed_processes
 def test_si5_sensitive_markings_come_from_pydantic_metadata() -> None:
     from tests.integration.guarantees.lab import PayIn, PayOut
 

@@ -202,6 +202,7 @@ def test_a_client_deadline_shorter_than_the_work_fails_closed(pay_plant: Plant) 
     assert pay_plant.rows("SELECT * FROM invocations") == []
 
 
+@pytest.mark.fixed_processes
 def test_store_work_not_started_by_its_deadline_never_runs(tmp_path: Any) -> None:
     store = SQLiteStore(tmp_path / "deadline.db")
     running = threading.Event()
