@@ -30,7 +30,7 @@ from warden_server.policy.loader import (
     read_policy_folder,
 )
 from warden_server.policy.serving import evaluator_for, serving
-from warden_server.policy.testing import failing_tests, test_files
+from warden_server.policy.testing import test_files
 from warden_server.records.events import AuditEvent
 from warden_server.registry import Registry
 from warden_server.store import Store, WriteTransaction
@@ -236,11 +236,13 @@ def _compile(
         capabilities=input_schemas(registry),
         reuse=in_force,
     )
-    served = serving(compiled, source.directory)
-    if config.policies.require_passing_tests:
-        failing = failing_tests(served, source.directory)
-        if failing:
-            raise PolicyLoadError(failing, source.revision, source.names)
+    served, failing = serving(
+        compiled,
+        source.directory,
+        require_passing_tests=config.policies.require_passing_tests,
+    )
+    if failing:
+        raise PolicyLoadError(failing, source.revision, source.names)
     return served
 
 

@@ -62,15 +62,40 @@ def test_a_set_they_disagree_on_is_served_by_the_reference(tmp_path: Path) -> No
     policies = load_policies(folder, evaluator=CelCppEvaluator())
     reason = fallback_reason(policies, folder)
     assert reason is not None and "disagree" in reason
-    assert serving(policies, folder).evaluator.name == "cel-python"
+    served, failing = serving(policies, folder)
+    assert served.evaluator.name == "cel-python" and failing == []
+
+
+def test_a_set_that_falls_back_is_gated_on_the_references_decisions(tmp_path: Path) -> None:
+    """The reference errs on the case (an int against a double), so the case,
+    which expects allow, fails under the set that is served."""
+    folder = write_set(tmp_path / "policies")
+    policies = load_policies(folder, evaluator=CelCppEvaluator())
+    served, failing = serving(policies, folder, require_passing_tests=True)
+    assert served.evaluator.name == "cel-python"
+    (problem,) = failing
+    assert "test 'a small refund' fails" in problem.message
+    assert "'effect': 'error'" in problem.message
 
 
 def test_a_set_they_agree_on_is_served_by_the_cpp_runtime(tmp_path: Path) -> None:
     folder = write_set(tmp_path / "policies", RULES.replace("500.5", "500"))
     policies = load_policies(folder, evaluator=CelCppEvaluator())
     assert fallback_reason(policies, folder) is None
-    assert serving(policies, folder).evaluator.name == "cel-cpp"
+    served, failing = serving(policies, folder, require_passing_tests=True)
+    assert served.evaluator.name == "cel-cpp" and failing == []
     assert run_policy_tests(policies, folder).ok
+
+
+def test_a_case_that_fails_under_the_cpp_runtime_gates_the_set(tmp_path: Path) -> None:
+    folder = write_set(tmp_path / "policies", RULES.replace("500.5", "100"))
+    policies = load_policies(folder, evaluator=CelCppEvaluator())
+    served, failing = serving(policies, folder, require_passing_tests=True)
+    assert served.evaluator.name == "cel-cpp"
+    (problem,) = failing
+    assert problem.file.endswith("cases.yaml") and problem.line == 3
+    assert "expected {'effect': 'allow'}, got {'effect': 'deny'}" in problem.message
+    assert serving(policies, folder) == (served, [])
 
 
 def test_the_example_policies_are_decided_alike() -> None:

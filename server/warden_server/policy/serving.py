@@ -10,6 +10,7 @@ serves it and the reason is logged.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Final, Literal
@@ -17,7 +18,14 @@ from typing import Final, Literal
 from warden_server.policy import celcpp
 from warden_server.policy.cel import CelPythonEvaluator, Evaluator
 from warden_server.policy.engine import PolicySet
-from warden_server.policy.testing import disagreements
+from warden_server.policy.loader import Problem
+from warden_server.policy.testing import (
+    Disagreement,
+    TestReport,
+    disagreements,
+    failing_tests,
+    run_policy_tests,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +50,46 @@ def fallback_reason(
     """Why ``policies`` must not be served by its (faster) evaluator, or None."""
     if policies.reference() is policies:
         return None
+    return _unsupported(policies) or _first(disagreements(policies, directory, now))
+
+
+def serving(
+    policies: PolicySet, directory: Path, *, require_passing_tests: bool = False
+) -> tuple[PolicySet, list[Problem]]:
+    """``policies`` as it is to be served: by its own evaluator when that
+    agrees with the reference, else by the reference (saying why). With
+    ``require_passing_tests``, also the folder's test cases the served set
+    fails, as problems.
+
+    The cases run once: each is decided by both evaluators, which is the
+    comparison, and checked against its expectation, which is the gate. Only
+    a set that falls back runs them again, on the reference.
+    """
+    report: TestReport | None = None
+    reason = None
+    if policies.reference() is not policies:
+        reason = _unsupported(policies)
+        if reason is None:
+            report = run_policy_tests(policies, directory, conditions=False)
+            reason = _first([case.disagreement for case in report.cases if case.disagreement])
+    served = policies
+    if reason is not None:
+        log.warning(
+            "policy revision %s is evaluated by cel-python, not %s: %s",
+            policies.revision[:12],
+            policies.evaluator.name,
+            reason,
+        )
+        served, report = policies.reference(), None
+    if not require_passing_tests:
+        return served, []
+    if report is None:
+        report = run_policy_tests(served, directory, conditions=False)
+    return served, failing_tests(report)
+
+
+def _unsupported(policies: PolicySet) -> str | None:
+    """The first expression the set's evaluator cannot run, where it is."""
     for rule in policies.rules:
         for kind, program in (
             ("when", rule.when),
@@ -51,23 +99,11 @@ def fallback_reason(
             problem = celcpp.unsupported(program) if program is not None else None
             if problem is not None:
                 return f"{rule.file}:{rule.line}: rule {rule.id!r}: {kind}: {problem}"
-    found = disagreements(policies, directory, now)
-    if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        return f"{found[0]}{more}"
     return None
 
 
-def serving(policies: PolicySet, directory: Path) -> PolicySet:
-    """``policies`` as it is to be served: by its own evaluator when that
-    agrees with the reference, else by the reference (saying why)."""
-    reason = fallback_reason(policies, directory)
-    if reason is None:
-        return policies
-    log.warning(
-        "policy revision %s is evaluated by cel-python, not %s: %s",
-        policies.revision[:12],
-        policies.evaluator.name,
-        reason,
-    )
-    return policies.reference()
+def _first(found: Sequence[Disagreement]) -> str | None:
+    if not found:
+        return None
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return f"{found[0]}{more}"

@@ -438,10 +438,9 @@ def _limited_by(calls: Sequence[LimitCall], usage: Mapping[str, float], now: flo
     return strongest(refusals).limit_id if refusals else None
 
 
-def failing_tests(policies: PolicySet, directory: str | Path) -> list[Problem]:
-    """The folder's test cases that ``policies`` fails, and the problems of
-    its test files, as problems: a set with any of them is not loaded."""
-    report = run_policy_tests(policies, directory, conditions=False)
+def failing_tests(report: TestReport) -> list[Problem]:
+    """The cases a run failed, and the problems of its test files, as
+    problems: a set with any of them is not loaded."""
     problems = list(report.problems)
     for case in report.failed:
         file, _, line = case.file.rpartition(":")
