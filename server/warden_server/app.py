@@ -147,6 +147,7 @@ class Server:
         if self._stopped:
             return
         self._stopped = True
+        self.plane.reloader.stopping()  # winds down while the rest stops
         if self.joined is not None:
             self.joined.stop(grace)
         self.loop.run(self.health.enter_graceful_shutdown())
