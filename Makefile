@@ -52,6 +52,11 @@ postgres-binaries: ## Install Debian's PostgreSQL server binaries for the tests,
 	  fi; \
 	fi
 
+# The suite runs in one session. WARDEN_TEST_PROCESSES=1,2 runs each
+# integration and console test whose planes take their process count from it
+# twice, as variants [1proc] and [2proc] (tests/conftest.py); two sessions, one
+# per count, cost a second collection by every worker, about 14 s.
+#
 # Test workers: more than the cores, since most tests wait on planes they
 # start (2 cores: 4 workers beat 2 and 6). An idle worker steals queued tests
 # from a busy one (worksteal): xdist's default deals tests out in advance and
@@ -63,9 +68,7 @@ PYTEST := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal
 .PHONY: test
 test: $(STAMP) postgres-binaries chromium ## Lint, type-check, check generated code, run every test
 	@$(MAKE) --no-print-directory -j 3 --output-sync=target checks
-	$(PYTEST)
-	@echo "the integration tests again, against planes of two processes (single_process and fixed_processes ones ran above):"
-	WARDEN_TEST_PROCESSES=2 $(PYTEST) -m "not single_process and not fixed_processes" tests/integration tests/console
+	WARDEN_TEST_PROCESSES=1,2 $(PYTEST)
 
 # The checks before the suite, side by side: each is mostly one process
 # (mypy, tsc, buf, the policy tests), about 14 s together on 2 cores

@@ -64,9 +64,49 @@ def outbox_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return state
 
 
-PROCESSES = int(os.environ.get("WARDEN_TEST_PROCESSES", "1"))
-"""How many processes each test plane serves with (``make test`` runs the
-integration tests with 1 and with 2)."""
+PROCESS_COUNTS = tuple(int(n) for n in os.environ.get("WARDEN_TEST_PROCESSES", "1").split(","))
+"""How many processes the test planes serve with: ``WARDEN_TEST_PROCESSES``,
+one count or several (``make test`` gives ``1,2``). With several, every
+integration and console test whose planes take their count from here runs
+once per count, as variants ``[1proc]``, ``[2proc]``; the others run once,
+with the first count."""
+
+PER_COUNT_FOLDERS = (ROOT / "tests" / "integration", ROOT / "tests" / "console")
+
+ONE_PROCESS_FIXTURES = frozenset({"clock"})
+"""Fixtures whose planes are one process whatever the count: a plane on the
+guarantees' test clock (see ``launch`` in tests/integration/guarantees)."""
+
+_running = {"processes": PROCESS_COUNTS[0]}
+
+
+def processes() -> int:
+    """How many processes the running test's planes serve with."""
+    return _running["processes"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run each test whose planes take the count from ``processes()`` once per count."""
+    if len(PROCESS_COUNTS) < 2:
+        return
+    definition = metafunc.definition
+    if not any(definition.path.is_relative_to(folder) for folder in PER_COUNT_FOLDERS):
+        return
+    if any(next(definition.iter_markers(m), None) for m in ("single_process", "fixed_processes")):
+        return
+    if ONE_PROCESS_FIXTURES & set(metafunc.fixturenames):
+        return
+    metafunc.parametrize(
+        "plane_processes", PROCESS_COUNTS, indirect=True, ids=[f"{n}proc" for n in PROCESS_COUNTS]
+    )
+
+
+@pytest.fixture(autouse=True)
+def plane_processes(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The count of this test (or variant) for ``processes()``."""
+    _running["processes"] = getattr(request, "param", PROCESS_COUNTS[0])
+    yield _running["processes"]
+    _running["processes"] = PROCESS_COUNTS[0]
 
 
 def make_config(tmp_path: Path, policies: Path = EXAMPLE_POLICIES, **server: Any) -> Config:
@@ -76,7 +116,7 @@ def make_config(tmp_path: Path, policies: Path = EXAMPLE_POLICIES, **server: Any
                 "listen": "127.0.0.1:0",
                 "store": str(tmp_path / "warden.db"),
                 "policies": str(policies),
-                "processes": PROCESSES,
+                "processes": processes(),
                 **server,
             },
             "actors": {"hs256_secret": ACTOR_SECRET, "issuer": "warden-test", "audience": "warden"},
@@ -195,7 +235,7 @@ def dev_plane(tmp_path: Path) -> Iterator[Server]:
         overrides={
             "listen": "127.0.0.1:0",
             "store": str(tmp_path / "warden.db"),
-            "processes": str(PROCESSES),
+            "processes": str(processes()),
         },
     )
     # The metrics port of warden.toml may be taken by a plane from `make run`.

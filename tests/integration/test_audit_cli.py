@@ -20,7 +20,7 @@ from warden_server.records.chain import record_hash
 from warden_server.records.events import COLUMNS
 
 # `warden audit` reads a store file; no plane here takes its process count
-# from WARDEN_TEST_PROCESSES, so the second pass would repeat these unchanged.
+# from WARDEN_TEST_PROCESSES, so these run once whatever counts it lists.
 pytestmark = pytest.mark.fixed_processes
 
 NO_CONFIG = "no-such-config.toml"

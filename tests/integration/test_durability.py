@@ -26,8 +26,8 @@ from warden_server.auth.actors import mint_token
 from warden_server.cli import main
 from warden_server.config import load_config
 
-# `warden serve` runs in a subprocess with its default process count, so the
-# second pass (WARDEN_TEST_PROCESSES=2) would repeat these unchanged.
+# `warden serve` runs in a subprocess with its default process count, so
+# these run once whatever counts WARDEN_TEST_PROCESSES lists.
 pytestmark = pytest.mark.fixed_processes
 
 CLIENTS = 8

@@ -25,8 +25,8 @@ from warden_server.auth.actors import mint_token
 from warden_server.config import Config
 from warden_server.plane import Plane
 
-# Each plane here sets its own process count (one), so the second pass
-# (WARDEN_TEST_PROCESSES=2) would repeat these unchanged.
+# Each plane here sets its own process count (one), so these run once
+# whatever counts WARDEN_TEST_PROCESSES lists.
 pytestmark = pytest.mark.fixed_processes
 
 Export = tuple[dict[str, str], Any]

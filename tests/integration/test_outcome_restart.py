@@ -22,7 +22,7 @@ import grpc
 import warden
 from benchmarks import free_port, wait_until_serving, warden_command
 from benchmarks import start_plane as start_plane_process
-from tests.conftest import ACTOR_SECRET, ORDERS_TOKEN, PROCESSES, Plant, make_config
+from tests.conftest import ACTOR_SECRET, ORDERS_TOKEN, Plant, make_config, processes
 from tests.integration.lab import EchoIn, EchoOut, Lab, build_lab, write_lab_policies
 from tests.integration.outcome_load import start_client, wait_for_count
 from tests.integration.test_rpc_input import (
@@ -331,7 +331,7 @@ def write_plane_config(folder: Path) -> Path:
 [server]
 store = "warden.db"
 policies = "policies"
-processes = {PROCESSES}
+processes = {processes()}
 
 [actors]
 hs256_secret = "{ACTOR_SECRET}"

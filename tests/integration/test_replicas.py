@@ -36,8 +36,8 @@ from warden_server.auth.actors import mint_token
 from warden_server.config import load_config
 from warden_server.plane import Plane
 
-# Every replica is a plane of one process (set below), so the second pass
-# (WARDEN_TEST_PROCESSES=2) would repeat these unchanged.
+# Every replica is a plane of one process (set below), so these run once
+# whatever counts WARDEN_TEST_PROCESSES lists.
 pytestmark = pytest.mark.fixed_processes
 
 REPLICAS = 3

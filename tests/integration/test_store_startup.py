@@ -14,8 +14,8 @@ from warden_server.config import ConfigError, config_from_dict
 from warden_server.store.migrations import MIGRATIONS
 from warden_server.store.sqlite import SQLiteStore
 
-# These open stores and read configs; no plane here is served with
-# WARDEN_TEST_PROCESSES, so the second pass would repeat them unchanged.
+# These open stores and read configs; no plane here is served with the count
+# of WARDEN_TEST_PROCESSES, so they run once whatever counts it lists.
 pytestmark = pytest.mark.fixed_processes
 
 STARTERS = 6

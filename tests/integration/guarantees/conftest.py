@@ -34,14 +34,6 @@ def clock() -> Clock:
     return Clock()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test on the test clock has planes of one process whatever
-    WARDEN_TEST_PROCESSES says (see ``launch``): mark it ``fixed_processes``."""
-    for item in items:
-        if "clock" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.fixed_processes)
-
-
 @pytest.fixture
 def launch(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Plant]]:
     """Start planes with the payments policies; every one is stopped at teardown."""
