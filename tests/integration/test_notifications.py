@@ -196,14 +196,19 @@ def requested_headers(got: dict[tuple[str, str], Delivery]) -> dict[str, str]:
     return next(iter(got.values())).headers
 
 
-def _attempts(config: Config) -> int:
-    """The attempts recorded for the store's one notification (0 before any)."""
+def _notifications(config: Config) -> list[tuple[int, str | None]]:
+    """Each notification's attempts and when it was delivered."""
     conn = sqlite3.connect(config.store_path)
     try:
-        row = conn.execute("SELECT attempts FROM notifications").fetchone()
+        return conn.execute("SELECT attempts, delivered_at FROM notifications").fetchall()
     finally:
         conn.close()
-    return int(row[0]) if row else 0
+
+
+def _attempts(config: Config) -> int:
+    """The attempts recorded for the store's one notification (0 before any)."""
+    rows = _notifications(config)
+    return int(rows[0][0]) if rows else 0
 
 
 def test_a_notification_retried_when_the_plane_restarts_still_arrives_signed(
@@ -237,11 +242,11 @@ def test_a_notification_retried_when_the_plane_restarts_still_arrives_signed(
     assert delivered.body == first.body
     assert delivered.headers["X-Warden-Delivery"] == first.headers["X-Warden-Delivery"]
     assert delivered.event["approval_id"] == asked.approval_id
-    conn = sqlite3.connect(config.store_path)
-    try:
-        rows = conn.execute("SELECT attempts, delivered_at FROM notifications").fetchall()
-    finally:
-        conn.close()
+    # The plane records the delivery once the receiver has answered it.
+    deadline = time.monotonic() + 10
+    while (rows := _notifications(config)) and rows[0][1] is None:
+        assert time.monotonic() < deadline, f"the delivery was never recorded: {rows}"
+        time.sleep(0.01)
     assert len(rows) == 1
     attempts, delivered_at = rows[0]
     assert attempts >= 2 and delivered_at is not None
