@@ -22,7 +22,6 @@ from warden_server.policy.loader import Problem
 from warden_server.policy.testing import (
     Disagreement,
     TestReport,
-    disagreements,
     failing_tests,
     run_policy_tests,
 )
@@ -48,9 +47,7 @@ def fallback_reason(
     policies: PolicySet, directory: Path, now: datetime | None = None
 ) -> str | None:
     """Why ``policies`` must not be served by its (faster) evaluator, or None."""
-    if policies.reference() is policies:
-        return None
-    return _unsupported(policies) or _first(disagreements(policies, directory, now))
+    return _compared(policies, directory, now)[0]
 
 
 def serving(
@@ -65,13 +62,7 @@ def serving(
     comparison, and checked against its expectation, which is the gate. Only
     a set that falls back runs them again, on the reference.
     """
-    report: TestReport | None = None
-    reason = None
-    if policies.reference() is not policies:
-        reason = _unsupported(policies)
-        if reason is None:
-            report = run_policy_tests(policies, directory, conditions=False)
-            reason = _first([case.disagreement for case in report.cases if case.disagreement])
+    reason, report = _compared(policies, directory)
     served = policies
     if reason is not None:
         log.warning(
@@ -86,6 +77,21 @@ def serving(
     if report is None:
         report = run_policy_tests(served, directory, conditions=False)
     return served, failing_tests(report)
+
+
+def _compared(
+    policies: PolicySet, directory: Path, now: datetime | None = None
+) -> tuple[str | None, TestReport | None]:
+    """Why ``policies`` must fall back to the reference (None when it need
+    not), and the run of the folder's cases that compared the two evaluators
+    (None when no case ran)."""
+    if policies.reference() is policies:
+        return None, None
+    reason = _unsupported(policies)
+    if reason is not None:
+        return reason, None
+    report = run_policy_tests(policies, directory, now=now, conditions=False)
+    return _first([case.disagreement for case in report.cases if case.disagreement]), report
 
 
 def _unsupported(policies: PolicySet) -> str | None:
