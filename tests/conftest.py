@@ -64,7 +64,16 @@ def outbox_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return state
 
 
-PROCESS_COUNTS = tuple(int(n) for n in os.environ.get("WARDEN_TEST_PROCESSES", "1").split(","))
+def _process_counts(text: str) -> tuple[int, ...]:
+    counts = tuple(int(n) for n in text.split(",") if n.strip().isdigit() and int(n) > 0)
+    if len(counts) != len(text.split(",")):
+        raise pytest.UsageError(
+            f"WARDEN_TEST_PROCESSES={text!r}: give process counts separated by commas, as 1,2"
+        )
+    return counts
+
+
+PROCESS_COUNTS = _process_counts(os.environ.get("WARDEN_TEST_PROCESSES", "1"))
 """How many processes the test planes serve with: ``WARDEN_TEST_PROCESSES``,
 one count or several (``make test`` gives ``1,2``). With several, every
 integration and console test whose planes take their count from here runs
