@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warden.shared.canonical import NotCanonicalizable, canonical_json
+from warden.shared.canonical import NotCanonicalizable, canonical_json, compact_json
 from warden_server.audit.chain import verify_rows
 from warden_server.records.chain import GENESIS, canonical_row, record_hash
 from warden_server.records.events import new_event_id
@@ -153,6 +154,22 @@ def test_the_fast_path_writes_escapes_and_unicode_as_rfc8785() -> None:
 
     value = {"a": ['tab\t "q" \\ \x00 \x1f \x7f é \u2028 \U0001f600', True, None, -(2**53) + 1]}
     assert canonical_json(value) == bytes(rfc8785.dumps(value))
+
+
+@settings(max_examples=300)
+@given(json_values)
+def test_compact_json_is_byte_for_byte_json_dumps(value: Any) -> None:
+    """Stored and wire JSON keeps json.dumps's form whichever encoder writes it."""
+    assert compact_json(value) == json.dumps(
+        value, separators=(",", ":"), sort_keys=True, ensure_ascii=False
+    )
+
+
+def test_text_with_a_lone_surrogate_is_stored_as_json_dumps_writes_it() -> None:
+    value = {"a": "broken \ud800 text", "b": [1, None]}
+    assert compact_json(value) == '{"a":"broken \ud800 text","b":[1,null]}'
+    with pytest.raises(NotCanonicalizable):
+        canonical_json(value)
 
 
 def test_record_ids_are_uuid7_and_grow_with_time() -> None:

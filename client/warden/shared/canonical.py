@@ -12,6 +12,7 @@ import json
 import math
 from typing import Any, Final
 
+import orjson
 import rfc8785
 
 JSONValue = Any
@@ -30,9 +31,9 @@ def canonical_json(value: JSONValue) -> bytes:
     """The RFC 8785 canonical serialization of a JSON value.
 
     A value of objects with ASCII keys, arrays, text, null, booleans and
-    integers within ±2^53 is written by ``json.dumps`` with sorted keys in
+    integers within ±2^53 is written by ``orjson`` with sorted keys in
     exactly the RFC 8785 form (property tests hold the two to the same bytes),
-    several times faster than the general encoder; it runs for every input,
+    many times faster than the general encoder; it runs for every input,
     digest and audit record. Anything else (a number with a fraction, a key
     beyond ASCII, whose RFC 8785 order is by UTF-16 code units) takes the
     general encoder.
@@ -41,10 +42,9 @@ def canonical_json(value: JSONValue) -> bytes:
         NotCanonicalizable: the value has no canonical form.
     """
     if _plain(value):
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         try:
-            return text.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate: the general encoder decides
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:  # a lone surrogate, or deeper than orjson goes
             pass
     try:
         return bytes(rfc8785.dumps(value))
@@ -57,7 +57,8 @@ def canonical_json(value: JSONValue) -> bytes:
 
 
 def _plain(value: JSONValue) -> bool:
-    """Whether ``json.dumps`` writes ``value`` exactly as RFC 8785 does."""
+    """Whether ``orjson`` (and ``json.dumps`` with sorted keys, compact and
+    unescaped) writes ``value`` exactly as RFC 8785 does."""
     kind = type(value)
     if kind is dict:
         for key, item in value.items():
@@ -188,5 +189,15 @@ def digest_of(canonical: bytes) -> str:
 
 
 def compact_json(value: JSONValue) -> str:
-    """Compact, key-sorted JSON text for storage and the wire."""
+    """Compact, key-sorted JSON text for storage and the wire.
+
+    The text is ``json.dumps``'s (compact, sorted keys, Unicode unescaped);
+    a value of the plain kinds is written by ``orjson``, which writes it the
+    same, several times faster.
+    """
+    if _plain(value):
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+        except orjson.JSONEncodeError:  # a lone surrogate: json.dumps writes it
+            pass
     return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
