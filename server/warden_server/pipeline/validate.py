@@ -6,8 +6,9 @@ what is wrong, never the value.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
+
+import orjson
 
 from warden.shared.canonical import (
     JSONLimitError,
@@ -42,10 +43,11 @@ def validate(plane: Plane, ctx: BeginContext) -> Failure | None:
     ctx.input = value
     issues = [i.to_json() for i in validation_issues(ctx.capability.input_validator, value)]
     # Digests use RFC 8785, which (like I-JSON) admits only integers a double holds exactly.
-    issues += [
-        {"path": path, "message": f"must be an integer within ±{MAX_SAFE_INTEGER}"}
-        for path in _unsafe_integers(value, "")
-    ]
+    if _has_unsafe_integer(value):
+        issues += [
+            {"path": path, "message": f"must be an integer within ±{MAX_SAFE_INTEGER}"}
+            for path in _unsafe_integers(value, "")
+        ]
     if issues:
         return fail("INPUT_INVALID", "schema-violation", details={"issues": issues})
     try:
@@ -57,12 +59,25 @@ def validate(plane: Plane, ctx: BeginContext) -> Failure | None:
     # The value as its canonical form reads back (``1.0`` is ``1``), and the
     # digest of those same bytes: what policies, approvers and the handler see
     # is exactly what was digested.
-    ctx.input = json.loads(canonical)
+    ctx.input = orjson.loads(canonical)
     ctx.input_digest = digest_of(canonical)
     return None
 
 
 MAX_SAFE_INTEGER = 2**53 - 1
+
+
+def _has_unsafe_integer(value: object) -> bool:
+    """Whether ``_unsafe_integers`` would find any: its walk, without the paths."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) > MAX_SAFE_INTEGER
+    if isinstance(value, dict):
+        return any(map(_has_unsafe_integer, value.values()))
+    if isinstance(value, list):
+        return any(map(_has_unsafe_integer, value))
+    return False
 
 
 def _unsafe_integers(value: object, path: str) -> list[str]:
