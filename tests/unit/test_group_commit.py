@@ -256,3 +256,38 @@ def test_the_loop_goes_on_while_another_process_has_its_turn(tmp_path: Path) -> 
         loop.call_soon_threadsafe(loop.stop)
         runner.join()
         loop.close()
+
+
+def test_a_caller_that_stops_waiting_leaves_the_rest_of_its_batch_answered(
+    tmp_path: Path,
+) -> None:
+    """A coroutine cancelled while its work waits for the commit (a client
+    that hung up on its Begin) must not keep the other work of the batch from
+    its answer."""
+    batches = Batches()
+    store = SQLiteStore(tmp_path / "audit.db", observer=batches)
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    other = os.open(f"{store.path}.writer-lock", os.O_RDWR)
+    try:
+        store.commit_on(loop)
+        fcntl.flock(other, fcntl.LOCK_EX)  # the batch waits for its turn
+
+        def work(status: str) -> Callable[[WriteTransaction], int]:
+            return lambda tx: tx.append_audit(AuditEvent(kind="policy", status=status))
+
+        gone = asyncio.run_coroutine_threadsafe(store.atransact(work("gone")), loop)
+        waiting = asyncio.run_coroutine_threadsafe(store.atransact(work("waiting")), loop)
+        time.sleep(0.1)
+        gone.cancel()
+        fcntl.flock(other, fcntl.LOCK_UN)
+        seq = waiting.result(5)
+        assert batches.seen[-1] == (2, ["gone", "waiting"])
+        assert store.transact(work("after")) == seq + 1
+    finally:
+        os.close(other)
+        store.close()
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join()
+        loop.close()

@@ -53,7 +53,16 @@ from warden_server.store.records import (
     ReplicaRecord,
 )
 from warden_server.store.sealed import ROW_NAMES, Sealed, row_values
-from warden_server.store.writer import Job, Outcome, Ran, WorkQueue, answer, awaited, refuse
+from warden_server.store.writer import (
+    Job,
+    Outcome,
+    QueuedWork,
+    Ran,
+    WorkQueue,
+    answer,
+    awaited,
+    refuse,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -141,6 +150,7 @@ def _reason(exc: BaseException) -> str:
 
 
 _Job = Job["PostgresTransaction"]
+_Queued = QueuedWork["PostgresTransaction"]
 
 
 class PostgresTransaction:
@@ -558,7 +568,7 @@ class PostgresStore:
             self._commit_batch(batch)
         self._write_conn.close()
 
-    def _commit_batch(self, batch: list[_Job]) -> None:
+    def _commit_batch(self, batch: list[_Queued]) -> None:
         started = time.perf_counter()
         try:
             if self._write_conn.closed:
@@ -583,7 +593,7 @@ class PostgresStore:
         self,
         conn: psycopg.Connection[Any],
         tx: PostgresTransaction,
-        batch: list[_Job],
+        batch: list[_Queued],
         *,
         savepoints: bool,
     ) -> Ran | None:

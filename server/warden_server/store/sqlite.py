@@ -58,6 +58,7 @@ from warden_server.store.writer import (
     Job,
     LoopCommits,
     Outcome,
+    QueuedWork,
     Ran,
     WorkQueue,
     answer,
@@ -110,6 +111,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 _Job = Job["SQLiteTransaction"]
+_Queued = QueuedWork["SQLiteTransaction"]
 
 
 @dataclass(slots=True)
@@ -573,7 +575,7 @@ class SQLiteStore:
         os.close(self._turns)
 
     def _commit_batch(
-        self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Job]
+        self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Queued]
     ) -> None:
         self._take_turn()
         self._commit_turn(conn, tx, batch)
@@ -591,7 +593,7 @@ class SQLiteStore:
         return True
 
     def _commit_turn(
-        self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Job]
+        self, conn: sqlite3.Connection, tx: SQLiteTransaction, batch: list[_Queued]
     ) -> None:
         """Commit ``batch`` and what waits beside it in this process's turn, then end the turn."""
         started = time.perf_counter()
@@ -623,7 +625,7 @@ class SQLiteStore:
         self,
         conn: sqlite3.Connection,
         tx: SQLiteTransaction,
-        batch: list[_Job],
+        batch: list[_Queued],
         *,
         savepoints: bool,
     ) -> Ran | None:

@@ -1,7 +1,7 @@
 """What the two stores' writer threads share: the work they are handed, the
 queue they take it from in batches, and how a committed batch is answered.
 
-Callers hand a store's writer thread pieces of work (``Job``) through a
+Callers hand a store's writer thread pieces of work (``QueuedWork``) through a
 ``WorkQueue``; the writer takes everything waiting as one batch, runs it in
 one transaction, and answers each piece of work once the batch is committed
 (``answer``). How a batch runs and commits is each store's own.
@@ -14,12 +14,13 @@ a thread between them, and a batch is whatever came while the loop was busy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Generic, TypeVar
 
 from warden_server.records.events import AuditEvent
@@ -30,22 +31,81 @@ log = logging.getLogger(__name__)
 Tx = TypeVar("Tx")
 
 
-class Job(Generic[Tx]):
-    """A piece of work for the writer, and the future its caller waits on."""
+class QueuedWork(Generic[Tx]):
+    """A piece of work for the writer, and its caller waiting to hear how it went."""
 
-    __slots__ = ("context", "deadline", "future", "work")
+    __slots__ = ("context", "deadline", "work")
 
     def __init__(self, work: Callable[[Tx], Any], deadline: float | None) -> None:
         self.work = work
         self.deadline = deadline
-        self.future: Future[Any] = Future()
         # The work runs on the writer thread but in its caller's context, so
         # what it reads from there (the current trace, for a record it builds)
         # is the caller's.
         self.context = contextvars.copy_context()
 
+    def settle(self, result: Any, failure: BaseException | None) -> None:
+        """Tell the caller what the work returned, or what it raised (or why
+        it never ran). A caller that stopped waiting is not told: the other
+        work of its batch is still answered."""
+        raise NotImplementedError
 
-Outcome = tuple[Job[Any], Any, BaseException | None]
+
+class Job(QueuedWork[Tx]):
+    """Work a thread waits for, on ``future``."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, work: Callable[[Tx], Any], deadline: float | None) -> None:
+        super().__init__(work, deadline)
+        self.future: Future[Any] = Future()
+
+    def settle(self, result: Any, failure: BaseException | None) -> None:
+        try:
+            if failure is None:
+                self.future.set_result(result)
+            else:
+                self.future.set_exception(failure)
+        except InvalidStateError:  # cancelled: nobody waits for it
+            pass
+
+
+class AwaitedJob(QueuedWork[Tx]):
+    """Work a coroutine awaits on its event loop (``awaited``).
+
+    Settled on that loop's thread (as ``LoopCommits`` commits), the loop's
+    own future is set there and then; from another thread (a writer thread),
+    the loop is asked to set it.
+    """
+
+    __slots__ = ("_loop", "_thread", "waiter")
+
+    def __init__(
+        self, work: Callable[[Tx], Any], deadline: float | None, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        super().__init__(work, deadline)
+        self._loop = loop
+        self._thread = threading.get_ident()
+        self.waiter: asyncio.Future[Any] = loop.create_future()
+
+    def settle(self, result: Any, failure: BaseException | None) -> None:
+        if threading.get_ident() == self._thread:
+            _set(self.waiter, result, failure)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+            self._loop.call_soon_threadsafe(_set, self.waiter, result, failure)
+
+
+def _set(waiter: asyncio.Future[Any], result: Any, failure: BaseException | None) -> None:
+    if waiter.done():  # cancelled: nobody waits for it
+        return
+    if failure is None:
+        waiter.set_result(result)
+    else:
+        waiter.set_exception(failure)
+
+
+Outcome = tuple[QueuedWork[Any], Any, BaseException | None]
 """A piece of work, and what it returned or raised."""
 Ran = tuple[list[Outcome], list[AuditEvent]]
 """What a batch's pieces of work came to, and the audit records they appended."""
@@ -71,7 +131,7 @@ class WorkQueue:
         """Called after each ``put``: how a writer that does not wait on the
         queue (``LoopCommits``) hears of work."""
 
-    def put(self, jobs: list[Job[Any]]) -> None:
+    def put(self, jobs: Sequence[QueuedWork[Any]]) -> None:
         """Queue work for the writer.
 
         Raises:
@@ -99,19 +159,19 @@ class WorkQueue:
     def qsize(self) -> int:
         return self._queue.qsize()
 
-    def next_batch(self) -> list[Job[Any]] | None:
+    def next_batch(self) -> list[QueuedWork[Any]] | None:
         """Wait for work, then take everything waiting; None once stopped or
         handed over."""
         if self.stopping or self.handed_over:
             return None
-        batch: list[Job[Any]] = []
+        batch: list[QueuedWork[Any]] = []
         while not batch:
             if not self._take(batch, self._queue.get()):
                 return None
         self.take_waiting(batch)
         return batch
 
-    def take_waiting(self, batch: list[Job[Any]]) -> None:
+    def take_waiting(self, batch: list[QueuedWork[Any]]) -> None:
         """Add the work waiting in the queue to ``batch``, up to ``max_batch``."""
         while len(batch) < self._max_batch and not self.stopping:
             try:
@@ -121,7 +181,7 @@ class WorkQueue:
             if not self._take(batch, item):
                 return
 
-    def _take(self, batch: list[Job[Any]], item: Any) -> bool:
+    def _take(self, batch: list[QueuedWork[Any]], item: Any) -> bool:
         """Add a group of jobs to ``batch``; False for a marker, which ends the turn."""
         if item is _STOP:
             self.stopping = True
@@ -135,9 +195,9 @@ class WorkQueue:
 
 async def awaited(queue: WorkQueue, work: Callable[[Tx], Any], deadline: float | None) -> Any:
     """Queue one piece of work and wait for its answer without blocking the loop."""
-    job: Job[Tx] = Job(work, deadline)
+    job: AwaitedJob[Tx] = AwaitedJob(work, deadline, asyncio.get_running_loop())
     queue.put([job])
-    return await asyncio.wrap_future(job.future)
+    return await job.waiter
 
 
 class LoopCommits:
@@ -166,7 +226,7 @@ class LoopCommits:
         *,
         try_turn: Callable[[], bool],
         take_turn: Callable[[], None],
-        commit: Callable[[list[Job[Any]]], None],
+        commit: Callable[[list[QueuedWork[Any]]], None],
     ) -> None:
         """``try_turn`` takes the writers' lock if it is free, ``take_turn``
         waits for it; ``commit`` runs a batch in that turn and ends it."""
@@ -231,7 +291,7 @@ class LoopCommits:
 
     def _commit_waiting(self) -> None:
         self._waiting_since = None
-        batch: list[Job[Any]] = []
+        batch: list[QueuedWork[Any]] = []
         self._queue.take_waiting(batch)
         self._commit(batch)
         if self._queue.qsize():
@@ -245,7 +305,7 @@ class LoopCommits:
             self._finished = True
             self._queue.on_put = None
             while True:
-                batch: list[Job[Any]] = []
+                batch: list[QueuedWork[Any]] = []
                 self._take_turn()
                 self._queue.take_waiting(batch)
                 self._commit(batch)
@@ -278,7 +338,7 @@ class LoopCommits:
 
 
 def answer(
-    ran: Ran, batch: Sequence[Job[Any]], observer: StoreObserver | None, seconds: float
+    ran: Ran, batch: Sequence[QueuedWork[Any]], observer: StoreObserver | None, seconds: float
 ) -> None:
     """Answer each piece of work of a committed batch, after telling the observer."""
     outcomes, events = ran
@@ -288,13 +348,10 @@ def answer(
         except Exception:
             log.exception("the store observer failed; the batch is committed")
     for job, result, failure in outcomes:
-        if failure is None:
-            job.future.set_result(result)
-        else:
-            job.future.set_exception(failure)
+        job.settle(result, failure)
 
 
-def refuse(batch: Sequence[Job[Any]], error: BaseException) -> None:
+def refuse(batch: Sequence[QueuedWork[Any]], error: BaseException) -> None:
     """Answer every piece of work of a batch that could not commit."""
     for job in batch:
-        job.future.set_exception(error)
+        job.settle(None, error)
