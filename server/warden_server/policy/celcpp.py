@@ -15,7 +15,6 @@ serves with the reference evaluator, saying why.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 from warden_server.policy.cel import (
@@ -45,12 +44,27 @@ def available() -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
 class _CppActivation:
-    values: dict[str, Any]
-    """The plain variables: an activation with more variables starts from these."""
-    native: Any
-    """``cel.Activation``: the variables converted once into C++ values."""
+    """Variables for the C++ runtime, converted into its values when a
+    program first reads them: a capability without hide rules never converts
+    the variables its visibility step is given, and an activation extended
+    (with ``input``) before any program ran is converted once, not twice."""
+
+    __slots__ = ("_env", "_native", "values")
+
+    def __init__(self, values: dict[str, Any], env: Any) -> None:
+        self.values = values
+        """The plain variables: an activation with more variables starts from these."""
+        self._env = env
+        self._native: Any = None
+
+    @property
+    def native(self) -> Any:
+        """``cel.Activation``: the variables converted once into C++ values."""
+        if self._native is None:
+            # Two threads converting at once both build the same values.
+            self._native = self._env.Activation(self.values)
+        return self._native
 
 
 class _CppProgram:
@@ -133,9 +147,9 @@ class CelCppEvaluator:
             values.update(base.values)
         values.update(variables)
         # A value C++ CEL cannot hold (an integer beyond 64 bits, say) is not
-        # refused here: it becomes an error value, and a rule reading it fails closed.
-        native = self._env.Activation(values)
-        return _CppActivation(values, native)
+        # refused when converted: it becomes an error value, and a rule
+        # reading it fails closed.
+        return _CppActivation(values, self._env)
 
 
 def unsupported(program: Program) -> str | None:
