@@ -22,8 +22,10 @@ exp    expires at (seconds since the epoch)
 from __future__ import annotations
 
 import base64
+import binascii
 import functools
 import hashlib
+import hmac
 import json
 import time
 from collections.abc import Mapping
@@ -116,6 +118,31 @@ def encode(
     return (signing_input + b"." + _b64(private_key.sign(signing_input))).decode()
 
 
+def signed_as(token: str, private_key: Ed25519PrivateKey, *, kid: str) -> GrantClaims | None:
+    """The claims of ``token`` when it is exactly what ``encode`` writes with
+    ``private_key`` (whose id is ``kid``), else None: the caller then decodes
+    it as any other token.
+
+    Ed25519 signatures are deterministic (RFC 8032, 5.1.6): one key signing
+    one message always gives the same signature, so a token whose signature
+    is the one this key gives its header and claims again was signed by this
+    key. Signing again costs about a third of verifying, and a fifth of
+    ``decode``.
+    """
+    signing_input, _, signature = token.rpartition(".")
+    header, _, payload = signing_input.partition(".")
+    if not signing_input.isascii() or header.encode() != _header(kid):
+        return None
+    expected = _b64(private_key.sign(signing_input.encode()))
+    if not hmac.compare_digest(expected, signature.encode()):
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        return _claims(claims)
+    except (ValueError, binascii.Error, KeyError, TypeError):  # not what encode writes
+        return None
+
+
 @functools.lru_cache(maxsize=16)
 def _header(kid: str) -> bytes:
     return _b64(json.dumps({"alg": ALGORITHM, "kid": kid, "typ": "JWT"}).encode())
@@ -170,9 +197,16 @@ def decode(
         raise GrantError("grant rejected: not a valid grant token") from None
     if not isinstance(payload["exp"], int):
         raise GrantError("grant rejected: exp is not an integer")
+    claims = _claims(payload)
     moment = time.time() if now is None else now
-    if verify_expiry and moment >= payload["exp"] + leeway_s:
+    if verify_expiry and moment >= claims.expires_at + leeway_s:
         raise GrantError("grant expired")
+    return claims
+
+
+def _claims(payload: dict[str, Any]) -> GrantClaims:
+    if payload["iss"] != GRANT_ISSUER or not isinstance(payload["exp"], int):
+        raise ValueError("not a grant's claims")
     return GrantClaims(
         invocation_id=str(payload["jti"]),
         capability_id=str(payload["cap"]),
