@@ -8,15 +8,19 @@ environment as an argument so that tests never patch ``os.environ``.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 import tomllib
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
+from warden_server import tomlpos
 from warden_server.placement import usable_cpus
 from warden_server.policy.model import parse_duration
 
@@ -500,14 +504,32 @@ def load_config(
     """
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc})") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(_toml_problem(str(path), exc)) from None
     return config_from_dict(
-        data, base_dir=path.parent, environ=environ or {}, overrides=overrides, source=str(path)
+        data,
+        base_dir=path.parent,
+        environ=environ or {},
+        overrides=overrides,
+        source=str(path),
+        lines=tomlpos.key_lines(text),
     )
+
+
+def _toml_problem(source: str, exc: tomllib.TOMLDecodeError) -> str:
+    """``file:line:column: what`` from tomllib's "what (at line L, column C)"."""
+    found = re.fullmatch(r"(.*) \(at line (\d+), column (\d+)\)", str(exc), re.DOTALL)
+    if found is None:
+        return f"{source}: {exc}"
+    what, line, column = found.groups()
+    return f"{source}:{line}:{column}: {what}"
 
 
 def config_from_dict(
@@ -517,16 +539,24 @@ def config_from_dict(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, str | None] | None = None,
     source: str = "<config>",
+    lines: Mapping[tomlpos.Path, int] | None = None,
 ) -> Config:
-    """Build a Config from already-parsed TOML data (see ``load_config``)."""
+    """Build a Config from already-parsed TOML data (see ``load_config``);
+    ``lines`` (``tomlpos.key_lines``) puts the line of each problem in its message."""
     environ = environ or {}
+    given: dict[tomlpos.Path, str] = {}
+    """Values that do not come from the file, and where they come from instead."""
     merged: dict[str, object] = {k: v for k, v in data.items()}
     server = dict(_table(merged.get("server")))
-    server.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            server[key] = value
+            given[("server", key)] = "the command line"
     merged["server"] = server
     actors = dict(_table(merged.get("actors")))
     if secret := environ.get("WARDEN_ACTORS_HS256_SECRET"):
         actors["hs256_secret"] = secret
+        given[("actors", "hs256_secret")] = "WARDEN_ACTORS_HS256_SECRET"
     merged["actors"] = actors
     services = {
         name: dict(_table(section)) for name, section in _table(merged.get("services")).items()
@@ -536,6 +566,7 @@ def config_from_dict(
         if token := environ.get(env_key):
             section["token"] = token
             section.pop("token_sha256", None)
+            given[("services", name, "token")] = env_key
     merged["services"] = services
     for table, key, env_key in (
         ("redaction", "hash_key", "WARDEN_REDACTION_HASH_KEY"),
@@ -543,25 +574,76 @@ def config_from_dict(
     ):
         if secret := environ.get(env_key):
             merged[table] = {**_table(merged.get(table)), key: secret}
+            given[(table, key)] = env_key
     notifications = dict(_table(merged.get("notifications")))
     hooks = notifications.get("webhooks")
     if isinstance(hooks, list):
-        notifications["webhooks"] = [
-            {**_table(hook), "secret": environ[f"WARDEN_NOTIFICATIONS_SECRET_{i}"]}
-            if f"WARDEN_NOTIFICATIONS_SECRET_{i}" in environ
-            else hook
-            for i, hook in enumerate(hooks)
-        ]
+        hooks = list(hooks)
+        for i, hook in enumerate(hooks):
+            env_key = f"WARDEN_NOTIFICATIONS_SECRET_{i}"
+            if env_key in environ:
+                hooks[i] = {**_table(hook), "secret": environ[env_key]}
+                given[("notifications", "webhooks", i, "secret")] = env_key
+        notifications["webhooks"] = hooks
         merged["notifications"] = notifications
     merged["base_dir"] = base_dir
     try:
         return Config.model_validate(merged)
     except ValidationError as exc:
         problems = "\n".join(
-            f"  {'.'.join(str(p) for p in error['loc']) or '(top level)'}: {error['msg']}"
-            for error in exc.errors()
+            "  " + _problem(error, source, lines or {}, given) for error in exc.errors()
         )
         raise ConfigError(f"{source}: invalid configuration:\n{problems}") from None
+
+
+def _problem(
+    error: ErrorDetails,
+    source: str,
+    lines: Mapping[tomlpos.Path, int],
+    given: Mapping[tomlpos.Path, str],
+) -> str:
+    """One problem: where it is written (``file:line``), which setting, what is wrong."""
+    loc = tuple(error["loc"])
+    setting = ".".join(str(part) for part in loc) or "(top level)"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown setting" + _did_you_mean(loc)
+    # A section's own check that names one of its keys is about that key.
+    named = next(
+        (
+            path
+            for path in (*given, *lines)
+            if len(path) == len(loc) + 1
+            and path[:-1] == loc
+            and re.search(rf"\b{re.escape(str(path[-1]))}\b", message)
+        ),
+        loc,
+    )
+    origin = next(
+        (given[named[:end]] for end in range(len(named), 0, -1) if named[:end] in given), None
+    )
+    if origin is not None:
+        return f"{setting}: {message} (from {origin})"
+    line = tomlpos.line_of(lines, named)
+    where = f"{source}:{line}: " if line is not None else ""
+    return f"{where}{setting}: {message}"
+
+
+def _did_you_mean(loc: tuple[str | int, ...]) -> str:
+    """`` (did you mean 'x'?)`` for a mistyped key of a known section."""
+    kind: object = Config
+    for part in loc[:-1]:
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            field = kind.model_fields.get(str(part))
+            kind = field.annotation if field is not None else None
+        elif typing.get_origin(kind) in (dict, list):
+            kind = typing.get_args(kind)[-1]  # a service's name, a webhook's index
+        else:
+            return ""
+    if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(kind.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _table(value: object) -> Mapping[str, object]:

@@ -43,8 +43,8 @@ def test_every_problem_is_named() -> None:
             }
         )
     message = str(raised.value)
-    assert "idempotency: Value error, 'a day' is not a duration" in message
-    assert "redaction: Value error, mode keyed-hash needs hash_key" in message
+    assert "idempotency: 'a day' is not a duration" in message
+    assert "redaction: mode keyed-hash needs hash_key" in message
     assert "server.request_deadline_ms" in message
 
 
