@@ -197,7 +197,7 @@ def _begin(governor: governor_pb2_grpc.GovernorStub, actor: str) -> float:
 
 
 def _begin_p50(governor: governor_pb2_grpc.GovernorStub, actor: str, seconds: float) -> float:
-    samples = []
+    samples: list[float] = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline or len(samples) < 10:
         samples.append(_begin(governor, actor))

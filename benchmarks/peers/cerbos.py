@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from google.protobuf import struct_pb2
+from google.protobuf.message import Message
 
 from benchmarks.peers import install, workload
 from benchmarks.peers.targets import Target, TargetError, free_port, running, wait_until_answering
@@ -137,7 +139,7 @@ def _messages() -> ModuleType:
     module = out / "cerbos_subset_pb2.py"
     if not module.exists() or module.stat().st_mtime < PROTO.stat().st_mtime:
         out.mkdir(parents=True, exist_ok=True)
-        import grpc_tools
+        import grpc_tools  # type: ignore[import-untyped]  # no stubs
 
         includes = Path(grpc_tools.__file__).parent / "_proto"
         done = subprocess.run(
@@ -161,8 +163,9 @@ def _messages() -> ModuleType:
     return importlib.import_module("cerbos_subset_pb2")
 
 
-def _request(pb: ModuleType, actor_token: str) -> object:
-    request = pb.CheckResourcesRequest(request_id=workload.ID_PLACEHOLDER)
+def _request(pb: ModuleType, actor_token: str) -> Message:
+    # A message class compiled at run time: its fields are unknown to the checker.
+    request: Any = pb.CheckResourcesRequest(request_id=workload.ID_PLACEHOLDER)
     principal = request.principal
     principal.id = workload.ACTOR_ID
     principal.policy_version = "default"
@@ -176,7 +179,8 @@ def _request(pb: ModuleType, actor_token: str) -> object:
     for name, value in workload.INPUT.items():
         entry.resource.attr[name].CopyFrom(_value(value))
     request.aux_data.jwt.token = actor_token
-    return request
+    built: Message = request
+    return built
 
 
 def _value(value: object) -> struct_pb2.Value:

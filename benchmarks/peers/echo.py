@@ -26,7 +26,7 @@ METHOD = "Echo"
 PATH = f"/{SERVICE}/{METHOD}"
 
 
-async def _echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+async def _echo(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
     return request
 
 

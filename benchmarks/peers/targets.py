@@ -76,9 +76,12 @@ def free_port() -> int:
 
 def call_once(target: Target) -> bytes:
     """One call with a fresh id, exactly the bytes the generator would send."""
-    metadata = [tuple(h.split(": ", 1)) for h in target.headers]
+    metadata = tuple(
+        (name, value) for name, _, value in (h.partition(": ") for h in target.headers)
+    )
     with grpc.insecure_channel(f"127.0.0.1:{target.port}") as channel:
-        method = channel.unary_unary(target.path)
+        # No (de)serializers: the generator's exact bytes go out, and come back raw.
+        method = channel.unary_unary(target.path, None, None)
         answer: bytes = method(
             workload.fresh_id(target.template), metadata=metadata or None, timeout=5
         )
