@@ -115,7 +115,7 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff format .
 
 .PHONY: typecheck
-typecheck: $(STAMP) ## mypy over the SDK and the plane
+typecheck: $(STAMP) ## mypy over the SDK, the plane and the benchmarks
 	$(BIN)/mypy
 
 .PHONY: proto
