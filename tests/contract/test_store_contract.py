@@ -541,3 +541,38 @@ def test_limit_holds_end_with_their_window_or_when_given_back(store: Store) -> N
     (usage,) = store.limit_usages("b", "k", now + 60.5)
     assert [hold.invocation_id for hold in usage.holds] == ["three"]
     assert [u.limit_key for u in store.limit_usages("b", None, now + 60.5)] == ["k"]
+
+
+def test_work_awaited_from_an_event_loop_is_answered_there_and_a_cancelled_wait_harms_none(
+    store: Store,
+) -> None:
+    """``atransact`` from a coroutine: whether the store commits on a thread
+    of its own (PostgreSQL) or on the loop (SQLite, served), each awaiting
+    coroutine hears its own result, and one cancelled while it waits leaves
+    the others answered."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        store.commit_on(loop)
+
+        def append(status: str) -> Callable[[WriteTransaction], int]:
+            return lambda tx: tx.append_audit(AuditEvent(kind="policy", status=status))
+
+        async def many() -> list[int]:
+            gone = asyncio.ensure_future(store.atransact(append("gone")))
+            kept = [asyncio.ensure_future(store.atransact(append(f"s{i}"))) for i in range(5)]
+            await asyncio.sleep(0)
+            gone.cancel()
+            return list(await asyncio.gather(*kept))
+
+        seqs = asyncio.run_coroutine_threadsafe(many(), loop).result(10)
+        assert len(set(seqs)) == 5
+        after = store.transact(append("after"))
+        assert after > max(seqs)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join()
+        loop.close()
