@@ -19,6 +19,7 @@ is judged, but the chain must still verify.
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,8 @@ class Load:
     latencies: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     retried: int = 0
+    retry_causes: Counter[str] = field(default_factory=Counter)
+    """Why the attempts that were retried failed, from the runtime's log."""
     seconds: float = 0.0
 
     @property
@@ -160,6 +163,11 @@ async def _load(target: str, actor: str, concurrency: int, duration: float, fold
         return inp
 
     load = Load()
+    retries = _RetryCauses(load.retry_causes)
+    sdk_log = logging.getLogger("warden")
+    level = sdk_log.level
+    sdk_log.setLevel(logging.INFO)
+    sdk_log.addHandler(retries)
     try:
         await rt.aregister()
         deadline = time.perf_counter() + duration
@@ -185,9 +193,27 @@ async def _load(target: str, actor: str, concurrency: int, duration: float, fold
         await asyncio.gather(*(caller() for _ in range(concurrency)))
         load.seconds = time.perf_counter() - started
     finally:
+        sdk_log.removeHandler(retries)
+        sdk_log.setLevel(level)
         await rt.aclose()
         rt.close()
     return load
+
+
+class _RetryCauses(logging.Handler):
+    """Counts the runtime's retries by the code and cause of the failed attempt."""
+
+    def __init__(self, causes: Counter[str]) -> None:
+        super().__init__(logging.INFO)
+        self._causes = causes
+
+    def emit(self, record: logging.LogRecord) -> None:
+        code = getattr(record, "warden_code", None)
+        if code is None:
+            return
+        cause = getattr(record, "warden_cause", None)
+        said = f"{code} ({type(cause).__name__}: {str(cause)[:120]})" if cause else code
+        self._causes[said] += 1
 
 
 def _runtime(target: str, folder: Path) -> warden.Runtime:
@@ -242,6 +268,8 @@ def _report(
         f"({load_p50 / bare_p50:,.0f}x / {load_p99 / bare_p99:,.0f}x the bare round trip); "
         f"{load.retried:,} needed a retry"
     )
+    for cause, count in load.retry_causes.most_common(3):
+        print(f"    retried after {count:,} attempts failed with {cause}")
     print(
         f"  p99 < {LOAD_P99_TARGET_S * 1e3:g} ms: {load_p99 * 1e3:.1f} ms  "
         f"{verdict(ok_latency, quick)}"
@@ -273,6 +301,7 @@ def _report(
         "load_errors": errors,
         "load_errors_by_kind": dict(load.errors),
         "load_retried": load.retried,
+        "load_retry_causes": dict(load.retry_causes),
         "audit_chain_intact": chain_intact,
         "audit_verify_output": answer,
         "ok": ok,

@@ -446,13 +446,16 @@ class Runtime:
                 return envelope
             assert envelope.error is not None
             delay = call.retry.delay_s(attempt, envelope)
+            cause = envelope.error.cause
             log.info(
-                "retrying %s (call %s) in %.0f ms after attempt %d failed with %s",
+                "retrying %s (call %s) in %.0f ms after attempt %d failed with %s%s",
                 call.capability_id,
                 call.call_id,
                 delay * 1000,
                 attempt,
                 envelope.error.code,
+                f" ({type(cause).__name__}: {cause})" if cause is not None else "",
+                extra={"warden_code": envelope.error.code, "warden_cause": cause},
             )
             try:
                 await asyncio.sleep(delay)

@@ -48,6 +48,30 @@ def test_si11_a_retryable_failure_of_a_read_is_retried_as_attempts_of_one_call(
     assert env.invocation_id == decisions[-1]["invocation_id"]
 
 
+@pytest.mark.fixed_processes
+def test_a_retry_is_logged_with_why_the_attempt_failed(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The runtime's own log (never the model's face) names the failed
+    attempt's code and, where there is one, its cause."""
+    caplog.set_level(logging.INFO, logger="warden")
+    rt = build_payments("127.0.0.1:9", ORDERS_TOKEN, ledger, governance_timeout_ms=300)
+    try:
+        env = rt.invoke("orders.lookup", flaky("why", 0), actor="any", retry=QUICK)
+    finally:
+        rt.close()
+    assert env.attempt == 3
+    retried = [r for r in caplog.records if r.getMessage().startswith("retrying orders.lookup")]
+    assert [r.warden_code for r in retried] == ["GOVERNANCE_UNAVAILABLE"] * 2  # type: ignore[attr-defined]
+    cause = retried[0].warden_cause  # type: ignore[attr-defined]
+    assert cause is not None
+    assert (
+        retried[0]
+        .getMessage()
+        .endswith(f"failed with GOVERNANCE_UNAVAILABLE ({type(cause).__name__}: {cause})")
+    )
+
+
 def test_the_ids_a_runtime_sends_grow_with_time(payments: warden.Runtime, pay_plant: Plant) -> None:
     """Invocation and call ids are UUIDv7, so the plane appends them at the end
     of its indexes (a random id costs a page per index once the store is large)."""
