@@ -10,7 +10,7 @@ that holds it (``line_of`` walks up the path).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Final
 
 Path = tuple[str | int, ...]
@@ -70,21 +70,28 @@ def line_of(lines: Mapping[Path, int], path: Path) -> int | None:
     return None
 
 
-def _until(text: str, stop: str) -> str:
-    """``text`` up to the first ``stop`` outside quotes (all of it if none)."""
+def _outside_strings(text: str) -> Iterator[tuple[int, str]]:
+    """Each character of ``text`` that is not inside a quoted string, with its index."""
     quote: str | None = None
     escaped = False
     for index, char in enumerate(text):
-        if quote is not None:
-            if escaped:
-                escaped = False
-            elif char == "\\" and quote == '"':
-                escaped = True
-            elif char == quote:
-                quote = None
-        elif char in _QUOTES:
-            quote = char
-        elif char == stop:
+        if quote is None:
+            if char in _QUOTES:
+                quote = char
+            else:
+                yield index, char
+        elif escaped:
+            escaped = False
+        elif char == "\\" and quote == '"':
+            escaped = True
+        elif char == quote:
+            quote = None
+
+
+def _until(text: str, stop: str) -> str:
+    """``text`` up to the first ``stop`` outside quotes (all of it if none)."""
+    for index, char in _outside_strings(text):
+        if char == stop:
             return text[:index]
     return text
 
@@ -106,21 +113,10 @@ def _dotted(key: str) -> tuple[str, ...]:
 def _balance(text: str) -> int:
     """Brackets and braces opened minus closed, outside strings and comments."""
     balance = 0
-    quote: str | None = None
-    escaped = False
-    for char in text:
-        if quote is not None:
-            if escaped:
-                escaped = False
-            elif char == "\\" and quote == '"':
-                escaped = True
-            elif char == quote:
-                quote = None
-        elif char in _QUOTES:
-            quote = char
-        elif char == "#":
+    for _, char in _outside_strings(text):
+        if char == "#":
             break
-        elif char in "[{":
+        if char in "[{":
             balance += 1
         elif char in "]}":
             balance -= 1

@@ -9,7 +9,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -180,6 +180,25 @@ def test_work_put_after_the_store_closes_is_refused_not_left_waiting(tmp_path: P
     assert not job.future.done()
 
 
+@contextlib.contextmanager
+def committing_on_a_loop(store: SQLiteStore) -> Iterator[tuple[asyncio.AbstractEventLoop, int]]:
+    """``store`` committing from an event loop on a thread of its own, as a
+    served store does: the loop and its thread's id. The store is closed,
+    then the loop, on the way out."""
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        store.commit_on(loop)
+        assert runner.ident is not None
+        yield loop, runner.ident
+    finally:
+        store.close()
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join()
+        loop.close()
+
+
 def test_work_from_the_loop_commits_on_it_in_one_batch_once_the_loop_caught_up(
     tmp_path: Path,
 ) -> None:
@@ -188,11 +207,7 @@ def test_work_from_the_loop_commits_on_it_in_one_batch_once_the_loop_caught_up(
     from the loop's own thread."""
     batches = Batches()
     store = SQLiteStore(tmp_path / "audit.db", observer=batches)
-    loop = asyncio.new_event_loop()
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    try:
-        store.commit_on(loop)
+    with committing_on_a_loop(store) as (loop, loop_thread):
         threads: list[int] = []
 
         def append(status: str) -> Callable[[WriteTransaction], int]:
@@ -210,14 +225,21 @@ def test_work_from_the_loop_commits_on_it_in_one_batch_once_the_loop_caught_up(
         seqs = asyncio.run_coroutine_threadsafe(many(), loop).result(10)
         assert sorted(seqs) == list(range(seqs[0], seqs[0] + WAITING))
         assert batches.seen[-1] == (WAITING, [f"s{i}" for i in range(WAITING)])
-        assert set(threads) == {runner.ident}
+        assert set(threads) == {loop_thread}
         # A blocking caller elsewhere is served by the same loop.
         assert store.transact(append("from a thread")) == seqs[0] + WAITING
+
+
+@contextlib.contextmanager
+def another_process_writing(store: SQLiteStore) -> Iterator[Callable[[], None]]:
+    """Hold the writers' lock as another process of the plane would; yields
+    how to let go of it."""
+    other = os.open(f"{store.path}.writer-lock", os.O_RDWR)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        yield lambda: fcntl.flock(other, fcntl.LOCK_UN)
     finally:
-        store.close()
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join()
-        loop.close()
+        os.close(other)
 
 
 def test_the_loop_goes_on_while_another_process_has_its_turn(tmp_path: Path) -> None:
@@ -225,13 +247,7 @@ def test_the_loop_goes_on_while_another_process_has_its_turn(tmp_path: Path) -> 
     for it without blocking the loop; all of it commits once the lock is free."""
     batches = Batches()
     store = SQLiteStore(tmp_path / "audit.db", observer=batches)
-    loop = asyncio.new_event_loop()
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    other = os.open(f"{store.path}.writer-lock", os.O_RDWR)
-    try:
-        store.commit_on(loop)
-        fcntl.flock(other, fcntl.LOCK_EX)  # another process's turn
+    with committing_on_a_loop(store) as (loop, _), another_process_writing(store) as done:
 
         def work(tx: WriteTransaction) -> int:
             return tx.append_audit(AuditEvent(kind="policy", status="waited"))
@@ -246,16 +262,10 @@ def test_the_loop_goes_on_while_another_process_has_its_turn(tmp_path: Path) -> 
         # The loop answers meanwhile: a commit waiting on the lock would block it.
         assert asyncio.run_coroutine_threadsafe(alive(), loop).result(2) == "answered"
         assert not first.done() and not second.done()
-        fcntl.flock(other, fcntl.LOCK_UN)
+        done()
         earlier, later = first.result(5), second.result(5)
         assert later == earlier + 1
         assert batches.seen[-1] == (2, ["waited", "waited"])
-    finally:
-        os.close(other)
-        store.close()
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join()
-        loop.close()
 
 
 def test_a_caller_that_stops_waiting_leaves_the_rest_of_its_batch_answered(
@@ -266,13 +276,7 @@ def test_a_caller_that_stops_waiting_leaves_the_rest_of_its_batch_answered(
     its answer."""
     batches = Batches()
     store = SQLiteStore(tmp_path / "audit.db", observer=batches)
-    loop = asyncio.new_event_loop()
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    other = os.open(f"{store.path}.writer-lock", os.O_RDWR)
-    try:
-        store.commit_on(loop)
-        fcntl.flock(other, fcntl.LOCK_EX)  # the batch waits for its turn
+    with committing_on_a_loop(store) as (loop, _), another_process_writing(store) as done:
 
         def work(status: str) -> Callable[[WriteTransaction], int]:
             return lambda tx: tx.append_audit(AuditEvent(kind="policy", status=status))
@@ -281,13 +285,7 @@ def test_a_caller_that_stops_waiting_leaves_the_rest_of_its_batch_answered(
         waiting = asyncio.run_coroutine_threadsafe(store.atransact(work("waiting")), loop)
         time.sleep(0.1)
         gone.cancel()
-        fcntl.flock(other, fcntl.LOCK_UN)
+        done()
         seq = waiting.result(5)
         assert batches.seen[-1] == (2, ["gone", "waiting"])
         assert store.transact(work("after")) == seq + 1
-    finally:
-        os.close(other)
-        store.close()
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join()
-        loop.close()
