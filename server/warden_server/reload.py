@@ -10,7 +10,6 @@ record of a load is durable before the first decision can use the new set.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from datetime import UTC, datetime
@@ -30,7 +29,7 @@ from warden_server.policy.loader import (
     read_policy_folder,
 )
 from warden_server.policy.serving import evaluator_for, serving
-from warden_server.policy.testing import test_files
+from warden_server.policy.testing import tests_digest
 from warden_server.records.events import AuditEvent
 from warden_server.registry import Registry
 from warden_server.store import Store, WriteTransaction
@@ -155,15 +154,7 @@ class PolicyReloader:
         """What the folder's tests are, when they gate a set (else nothing)."""
         if not self._config.policies.require_passing_tests:
             return ""
-        digest = hashlib.sha256()
-        for path in test_files(self._directory):
-            try:
-                content = path.read_bytes()
-            except OSError:
-                content = b""
-            digest.update(f"{path.name}\0{len(content)}\0".encode())
-            digest.update(content)
-        return digest.hexdigest()
+        return tests_digest(self._directory)
 
     def _refuse(self, error: PolicyLoadError) -> ReloadResult:
         status = self._holder.status()

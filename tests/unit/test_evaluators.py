@@ -176,3 +176,38 @@ def test_a_known_disagreement_on_error_absorption_is_kept_in_view() -> None:
     fast._env = _env_with(fast, ("x", "y", "s"))
     assert outcome(fast, expression, values) == "error"
     assert outcome(CelPythonEvaluator(), expression, values) is True
+
+
+def test_a_set_served_again_is_not_tested_again_until_its_tests_change(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The verdict on a set's cases is kept by what decides it: the same
+    files, default effect, evaluator and test files give the same verdict."""
+    import warden_server.policy.serving as serving_module
+
+    runs: list[Path] = []
+    real = serving_module.run_policy_tests
+
+    def counted(policies: Any, directory: Path, **kw: Any) -> Any:
+        runs.append(directory)
+        return real(policies, directory, **kw)
+
+    monkeypatch.setattr(serving_module, "run_policy_tests", counted)
+    folder = write_set(tmp_path / "policies", RULES.replace("500.5", "500"))
+
+    def served_again(default_effect: str = "deny") -> list[Any]:
+        policies = load_policies(folder, evaluator=CelCppEvaluator(), default_effect=default_effect)
+        served, failing = serving(policies, folder, require_passing_tests=True)
+        assert served.evaluator.name == "cel-cpp"
+        return failing
+
+    assert served_again() == [] and served_again() == []
+    assert len(runs) == 1
+    # A case that now expects deny fails at once: the tests are part of the verdict.
+    (folder / "tests" / "cases.yaml").write_text(TESTS.replace("effect: allow", "effect: deny"))
+    (problem,) = served_again()
+    assert "expected {'effect': 'deny'}, got {'effect': 'allow'}" in problem.message
+    assert len(runs) == 2
+    # Another default effect is another verdict.
+    served_again(default_effect="allow")
+    assert len(runs) == 3

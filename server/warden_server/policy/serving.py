@@ -10,6 +10,8 @@ serves it and the reason is logged.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -24,12 +26,21 @@ from warden_server.policy.testing import (
     TestReport,
     failing_tests,
     run_policy_tests,
+    tests_digest,
 )
 
 log = logging.getLogger(__name__)
 
 EvaluatorChoice = Literal["cel-cpp", "cel-python"]
 EVALUATORS: Final = ("cel-cpp", "cel-python")
+
+VERDICTS_KEPT: Final = 16
+"""Verdicts on sets' test cases a process keeps (``serving``), newest first."""
+
+_Key = tuple[str, str, str, str, str, bool]
+_Verdict = tuple[str | None, tuple[Problem, ...]]
+_verdicts: OrderedDict[_Key, _Verdict] = OrderedDict()
+_verdicts_lock = threading.Lock()
 
 
 def evaluator_for(choice: EvaluatorChoice) -> Evaluator:
@@ -61,22 +72,54 @@ def serving(
     The cases run once: each is decided by both evaluators, which is the
     comparison, and checked against its expectation, which is the gate. Only
     a set that falls back runs them again, on the reference.
+
+    The verdict depends only on the folder, the set's files, its default
+    effect, the evaluator and the folder's test files, so a process keeps the last few
+    (``VERDICTS_KEPT``) and serves the same set again (a plane started anew
+    in one process, a change reverted) without running the cases again.
     """
+    key = (
+        str(directory.resolve()),
+        policies.revision,
+        policies.default_effect,
+        policies.evaluator.name,
+        tests_digest(directory),
+        require_passing_tests,
+    )
+    with _verdicts_lock:
+        verdict = _verdicts.get(key)
+        if verdict is not None:
+            _verdicts.move_to_end(key)
+    if verdict is None:
+        verdict = _verdict(policies, directory, require_passing_tests=require_passing_tests)
+        with _verdicts_lock:
+            _verdicts[key] = verdict
+            while len(_verdicts) > VERDICTS_KEPT:
+                _verdicts.popitem(last=False)
+    reason, failing = verdict
+    if reason is None:
+        return policies, list(failing)
+    log.warning(
+        "policy revision %s is evaluated by cel-python, not %s: %s",
+        policies.revision[:12],
+        policies.evaluator.name,
+        reason,
+    )
+    return policies.reference(), list(failing)
+
+
+def _verdict(policies: PolicySet, directory: Path, *, require_passing_tests: bool) -> _Verdict:
+    """Why the set must fall back to the reference (None when it need not),
+    and, when they gate it, the test cases the set as served fails."""
     reason, report = _compared(policies, directory)
-    served = policies
     if reason is not None:
-        log.warning(
-            "policy revision %s is evaluated by cel-python, not %s: %s",
-            policies.revision[:12],
-            policies.evaluator.name,
-            reason,
-        )
-        served, report = policies.reference(), None
+        report = None  # the cases ran on the faster evaluator: run them on the reference
     if not require_passing_tests:
-        return served, []
+        return reason, ()
     if report is None:
+        served = policies.reference() if reason is not None else policies
         report = run_policy_tests(served, directory, conditions=False)
-    return served, failing_tests(report)
+    return reason, tuple(failing_tests(report))
 
 
 def _compared(

@@ -18,6 +18,7 @@ it matched or failed — not on the wording of error messages.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -169,6 +170,19 @@ def test_files(directory: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.suffix in POLICY_SUFFIXES and p.is_file())
+
+
+def tests_digest(directory: Path) -> str:
+    """What the folder's test files are: SHA-256 over their names and contents."""
+    digest = hashlib.sha256()
+    for path in test_files(directory):
+        try:
+            content = path.read_bytes()
+        except OSError:
+            content = b""
+        digest.update(f"{path.name}\0{len(content)}\0".encode())
+        digest.update(content)
+    return digest.hexdigest()
 
 
 def load_test_cases(
