@@ -85,3 +85,37 @@ def test_ids_decided_before_the_upgrade_stay_spent(tmp_path: Path) -> None:
         assert claimed == [False, False, True]
     finally:
         store.close()
+
+
+def test_a_fresh_store_is_exactly_what_every_migration_builds(tmp_path: Path) -> None:
+    """A new store is copied from one migrated once per process; it must be
+    the store that running each migration on the new file would give."""
+    stepped = tmp_path / "stepped.db"
+    conn = sqlite3.connect(stepped)
+    db = sqlite_utils.Database(conn)
+    for number, migration in enumerate(MIGRATIONS, start=1):
+        migration(db)
+        conn.execute(f"PRAGMA user_version = {number}")
+        conn.commit()
+    conn.close()
+    for name in ("first.db", "second.db"):  # the second copy comes from the same original
+        SQLiteStore(tmp_path / name).close()
+
+    def described(path: Path) -> tuple[object, ...]:
+        seen = sqlite3.connect(path)
+        try:
+            return (
+                sorted(seen.execute("SELECT type, name, tbl_name, sql FROM sqlite_master")),
+                sorted(seen.execute("SELECT * FROM sqlite_stat1")),
+                seen.execute("PRAGMA user_version").fetchone(),
+            )
+        finally:
+            seen.close()
+
+    stepped_schema, stepped_stats, stepped_version = described(stepped)
+    assert stepped_version == (len(MIGRATIONS),)
+    for name in ("first.db", "second.db"):
+        schema, stats, version = described(tmp_path / name)
+        assert (schema, stats, version) == (stepped_schema, stepped_stats, stepped_version)
+        with sqlite3.connect(tmp_path / name) as fresh:
+            assert fresh.execute("PRAGMA journal_mode").fetchone() == ("wal",)

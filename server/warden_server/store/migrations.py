@@ -2,11 +2,16 @@
 
 ``PRAGMA user_version`` records how many have run; each migration is a
 function over a ``sqlite_utils.Database`` and is never edited once released.
+A fresh store is a copy of one every migration was run on once per process
+(in memory), not a run of them all again: the migrations stay the one
+source of truth, and a new store takes a millisecond instead of thirty.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
+import threading
 from collections.abc import Callable
 
 import sqlite_utils
@@ -313,9 +318,28 @@ def migrate(conn: sqlite3.Connection) -> int:
             f"its schema version {version} is newer than this Warden's "
             f"({len(MIGRATIONS)}): upgrade Warden"
         )
+    if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+        with _fresh_lock:
+            _fresh().backup(conn)  # one transaction: the schema and its version
+        return len(MIGRATIONS)
+    _apply(conn, version)
+    return len(MIGRATIONS)
+
+
+def _apply(conn: sqlite3.Connection, version: int) -> None:
     db = sqlite_utils.Database(conn)
     for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
         with conn:
             migration(db)
             conn.execute(f"PRAGMA user_version = {number}")
-    return len(MIGRATIONS)
+
+
+_fresh_lock = threading.Lock()
+
+
+@functools.cache
+def _fresh() -> sqlite3.Connection:
+    """An empty store every migration has run on, in memory (used under ``_fresh_lock``)."""
+    fresh = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+    _apply(fresh, 0)
+    return fresh
