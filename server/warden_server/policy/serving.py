@@ -35,7 +35,8 @@ EvaluatorChoice = Literal["cel-cpp", "cel-python"]
 EVALUATORS: Final = ("cel-cpp", "cel-python")
 
 VERDICTS_KEPT: Final = 16
-"""Verdicts on sets' test cases a process keeps (``serving``), newest first."""
+"""Verdicts on sets' test cases a process keeps (``serving``); the one used
+least recently is dropped first."""
 
 _Key = tuple[str, str, str, str, str, bool]
 _Verdict = tuple[str | None, tuple[Problem, ...]]
@@ -74,9 +75,10 @@ def serving(
     a set that falls back runs them again, on the reference.
 
     The verdict depends only on the folder, the set's files, its default
-    effect, the evaluator and the folder's test files, so a process keeps the last few
-    (``VERDICTS_KEPT``) and serves the same set again (a plane started anew
-    in one process, a change reverted) without running the cases again.
+    effect, the evaluator and the folder's test files, so a process keeps
+    the last few (``VERDICTS_KEPT``) and serves the same set again (a plane
+    started anew in one process, a change reverted) without running the
+    cases again.
     """
     key = (
         str(directory.resolve()),

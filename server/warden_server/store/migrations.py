@@ -4,7 +4,7 @@
 function over a ``sqlite_utils.Database`` and is never edited once released.
 A fresh store is a copy of one every migration was run on once per process
 (in memory), not a run of them all again: the migrations stay the one
-source of truth, and a new store takes a millisecond instead of thirty.
+source of truth, and a new store takes a few milliseconds instead of thirty.
 """
 
 from __future__ import annotations
