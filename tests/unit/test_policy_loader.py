@@ -404,3 +404,29 @@ def test_revision_changes_with_a_single_byte(tmp_path: Path) -> None:
     assert before != after
     (folder / "a.yaml").write_text(RULES)
     assert load_policies(folder).revision == before
+
+
+@pytest.mark.parametrize("order", ["alike first", "different first"])
+def test_a_rule_is_type_checked_against_every_distinct_input_schema(
+    tmp_path: Path, order: str
+) -> None:
+    """Capabilities that share an input schema are checked once; one whose
+    schema differs is still checked, whichever comes first."""
+    from warden_server.policy.celcpp import CelCppEvaluator
+    from warden_server.policy.inputs import InputSchema
+
+    (tmp_path / "rules.yaml").write_text(
+        'rules:\n  - id: big\n    capabilities: ["orders.*"]\n'
+        "    effect: deny\n    when: input.amount > 5\n"
+    )
+    number = {"type": "object", "properties": {"amount": {"type": "integer"}}}
+    text = {"type": "object", "properties": {"amount": {"type": "string"}}}
+    alike = [InputSchema(f"orders.n{i}", dict(number), "1") for i in range(3)]
+    different = [InputSchema("orders.text", text, "1")]
+    schemas = alike + different if order == "alike first" else different + alike
+    with pytest.raises(PolicyLoadError) as raised:
+        load_policies(tmp_path, evaluator=CelCppEvaluator(), capabilities=schemas)
+    (problem,) = raised.value.problems
+    assert problem.line == 5
+    assert problem.message.endswith("input.amount is a string in orders.text v1")
+    load_policies(tmp_path, evaluator=CelCppEvaluator(), capabilities=alike)

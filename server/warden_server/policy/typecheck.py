@@ -21,6 +21,7 @@ Constant sub-expressions are evaluated once here: one that always fails
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -139,6 +140,8 @@ class _Typed:
 
     schema: InputSchema | None
     env: Any
+    shape: str = ""
+    """The schema's content (its compact JSON): schemas alike type alike."""
     fields: dict[tuple[str, ...], str] = field(default_factory=dict)
     messages: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Message full name → the input path it types."""
@@ -174,6 +177,9 @@ class TypeChecker:
         self._untyped: _Typed | None = None
         self._counter = itertools.count(1)
         self._constant_env = cel.NewEnv()
+        self._clean: set[tuple[str, str, str]] = set()
+        """(text, kind, schema shape) found well-typed: capabilities that share
+        an input schema need the check once."""
 
     def with_variables(self, extra: Mapping[str, Any]) -> TypeChecker:
         """A checker sharing this one's message types, with more variables declared."""
@@ -184,6 +190,7 @@ class TypeChecker:
         other._untyped = None
         other._counter = self._counter
         other._constant_env = self._constant_env
+        other._clean = set()
         return other
 
     def check(
@@ -194,7 +201,13 @@ class TypeChecker:
         problems: list[TypeProblem] = []
         seen: set[tuple[int, int]] = set()
         for typed in [self._typed_for(s) for s in schemas] or [self._untyped_input()]:
-            for problem in self._check_one(text, kind, typed, references):
+            checked = (text, kind, typed.shape)
+            if checked in self._clean:
+                continue
+            found = self._check_one(text, kind, typed, references)
+            if not found:
+                self._clean.add(checked)
+            for problem in found:
                 if (problem.line, problem.column) not in seen:
                     seen.add((problem.line, problem.column))
                     problems.append(problem)
@@ -331,7 +344,7 @@ class TypeChecker:
         file.dependency.extend(["google/protobuf/struct.proto", "google/protobuf/wrappers.proto"])
         builder = _Builder(schema.schema, package)
         shape = builder.shape(schema.schema, 0)
-        typed = _Typed(schema, None)
+        typed = _Typed(schema, None, shape=json.dumps(schema.schema, sort_keys=True, default=repr))
         if isinstance(shape, _Object):
             message = file.message_type.add(name="Input")
             builder.fill(message, shape, f".{package}.Input", (), 0)
