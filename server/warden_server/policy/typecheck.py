@@ -141,7 +141,7 @@ class _Typed:
     schema: InputSchema | None
     env: Any
     shape: str = ""
-    """The schema's content (its compact JSON): schemas alike type alike."""
+    """The schema's content (its JSON, keys sorted): schemas alike type alike."""
     fields: dict[tuple[str, ...], str] = field(default_factory=dict)
     messages: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Message full name → the input path it types."""
