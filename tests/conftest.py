@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 
-from warden_server.app import Server, serve
+from warden_server.app import Server, launch
 from warden_server.auth.actors import mint_token
 from warden_server.config import Config, config_from_dict, load_config
-from warden_server.plane import Plane
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_POLICIES = ROOT / "policies"
@@ -225,8 +224,7 @@ def start_plane(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Call
 
     def start(policies: Path = EXAMPLE_POLICIES, **server: Any) -> Plant:
         config = make_config(tmp_path, policies, **{**one_process(request), **server})
-        plane = Plane.from_config(config)
-        running = serve(plane, "127.0.0.1:0")
+        running = launch(config)
         servers.append(running)
         return Plant(running, tmp_path)
 
@@ -251,7 +249,7 @@ def dev_plane(tmp_path: Path) -> Iterator[Server]:
     config = config.model_copy(
         update={"telemetry": config.telemetry.model_copy(update={"metrics_listen": None})}
     )
-    server = serve(Plane.from_config(config), "127.0.0.1:0")
+    server = launch(config)
     yield server
     server.stop(grace=0)
 

@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -50,7 +50,7 @@ from warden_server.audit.retention import RetentionScheduler
 from warden_server.config import Config
 from warden_server.notifications import Notifier, start_notifier
 from warden_server.placement import pin_to
-from warden_server.plane import Plane
+from warden_server.plane import Plane, ProcessSecrets
 from warden_server.policy.model import parse_duration
 from warden_server.processes import JoinedProcesses
 from warden_server.replicas import ReplicaMetrics, ReplicaReporter, live_replicas
@@ -199,81 +199,159 @@ def server_credentials(config: Config) -> grpc.ServerCredentials | None:
     )
 
 
-def serve(plane: Plane, listen: str | None = None, *, cpus: Sequence[int] | None = None) -> Server:
-    """Start serving ``plane`` on ``listen`` (``host:port``; port 0 picks a free one).
+def launch(config: Config, *, cpus: Sequence[int] | None = None) -> Server:
+    """Load the plane ``config`` describes and serve it (``warden serve``).
 
-    With ``cpus`` (``placement.cpus_for``: one per process), this process runs
-    on the first and each process it starts on the next.
+    With several processes, the others start first and load their policy
+    sets while this one loads its own, so that the plane serves on every
+    process about as soon as one could alone.
 
     Raises:
-        OSError: the address cannot be bound (MetricsUnavailable: the metrics address).
+        PolicyLoadError: the policy folder has problems.
+        ValueError, OSError, StoreError: as ``Plane.from_config`` and ``serve``.
     """
-    listen = listen or plane.config.server.listen
-    host = listen.rsplit(":", 1)[0]
+    secrets = ProcessSecrets.from_config(config)
+    others = (
+        start_others(config, config.server.listen, secrets, cpus=cpus)
+        if config.process_count > 1
+        else None
+    )
+    try:
+        plane = Plane.from_config(config, secrets=secrets)
+    except BaseException:
+        if others is not None:
+            others.stop()
+        raise
+    return serve(plane, cpus=cpus, others=others)
+
+
+@dataclass
+class Others:
+    """The processes joining a plane's first one, started and loading, and the
+    port they will share, held until the first process listens on it."""
+
+    listen: str
+    """The address they serve, its port chosen (when ``listen`` asked for any)."""
+    joined: JoinedProcesses
+    held: list[socket.socket]
+    """Sockets bound to the port, not listening: nothing else takes it meanwhile."""
+
+    def release(self) -> None:
+        """Let go of the port (the first process listens on it now)."""
+        for held in self.held:
+            held.close()
+        self.held = []
+
+    def stop(self) -> None:
+        """Stop the processes and let go of the port: the plane does not start."""
+        self.joined.stop(grace=0)
+        self.release()
+
+
+def start_others(
+    config: Config, listen: str, secrets: ProcessSecrets, *, cpus: Sequence[int] | None = None
+) -> Others:
+    """Claim ``listen`` and start the ``config.process_count - 1`` processes
+    that join the first in serving it (on ``cpus[1:]``, when given); they load
+    while the first goes on, and listen when ``serve`` says.
+
+    Raises:
+        OSError: the address is in use or not available, or a process cannot
+            be started.
+    """
+    _claim(listen)
+    held, listen = _hold(listen)
+    try:
+        joined = JoinedProcesses.start(
+            config,
+            listen,
+            config.process_count - 1,
+            secrets,
+            cpus=cpus[1:] if cpus else None,
+        )
+    except BaseException:
+        for socket_held in held:
+            socket_held.close()
+        raise
+    return Others(listen, joined, held)
+
+
+def serve(
+    plane: Plane,
+    listen: str | None = None,
+    *,
+    cpus: Sequence[int] | None = None,
+    others: Others | None = None,
+    before_listening: Callable[[], None] | None = None,
+) -> Server:
+    """Start serving ``plane`` on ``listen`` (``host:port``; port 0 picks a free one).
+
+    With several processes (``[server] processes``), the first starts the
+    others here, unless ``start_others`` started them already (``others``),
+    and every process begins listening at once (``processes.py``): this
+    returns once all of them serve. With ``cpus`` (``placement.cpus_for``:
+    one per process), this process runs on the first and each other on the
+    next. A joining process passes ``before_listening``: it runs once the
+    server is ready, before it binds the port.
+
+    Raises:
+        OSError: the address cannot be bound, or a process did not start
+            (MetricsUnavailable: the metrics address).
+    """
     processes = plane.config.process_count
     if cpus:
         pin_to(cpus[0])
-    if processes > 1 and not plane.joined:
+    if processes > 1 and not plane.joined and others is None:
         try:
-            _claim(listen)
+            others = start_others(
+                plane.config, listen or plane.config.server.listen, plane.secrets(), cpus=cpus
+            )
         except OSError:
             plane.close()
             raise
-    loop, server, health_servicer, port = _listening(plane, processes, listen)
+    if others is not None:
+        listen = others.listen
+        before_listening = others.joined.prepared
+    listen = listen or plane.config.server.listen
+    host = listen.rsplit(":", 1)[0]
+    try:
+        loop, server, health_servicer, port = _listening(plane, processes, listen, before_listening)
+    except BaseException:
+        if others is not None:
+            others.stop()
+        raise
+    if others is not None:
+        others.release()
+        others.joined.listen()
     metrics_listen = plane.config.telemetry.metrics_listen
     if metrics_listen and plane.joined:
         metrics_listen = "127.0.0.1:0"  # read by the first process, which serves the sum
     try:
         metrics_port = plane.telemetry.serve_metrics(metrics_listen) if metrics_listen else None
     except (OSError, ValueError) as exc:
+        if others is not None:
+            others.stop()
         plane.close()
         loop.close()
         raise MetricsUnavailable(metrics_listen or "", exc) from None
-    retention = None if plane.joined else _retention(plane)
-    anchors = None if plane.joined else _anchors(plane)
-    plane.store.commit_on(loop.loop)
-    loop.run(server.start())
-    if plane.config.server.watch_policies:
-        plane.reloader.start()
-    for name in (*SERVICE_NAMES, ""):
-        loop.run(health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING))
-    sweeper = None
-    if not plane.joined:
-        sweeper = Sweeper(plane, plane.config.server.approval_sweep_seconds)
-        sweeper.start()
-    reporter = None if plane.joined else _report_replica(plane)
-    shared = processes > 1 or plane.config.store_url is not None
-    tail = ApprovalTail(plane.store, plane.approval_events) if shared else None
-    if tail is not None:
-        tail.start()
-    running = Server(
-        plane=plane,
-        grpc_server=server,
-        loop=loop,
-        port=port,
-        host=host,
-        health=health_servicer,
-        sweeper=sweeper,
-        metrics_port=metrics_port,
-        retention=retention,
-        approval_tail=tail,
-        anchors=anchors,
-        notifier=None if plane.joined else start_notifier(plane),
-        reporter=reporter,
+    running = _started(
+        plane,
+        loop,
+        server,
+        health_servicer,
+        f"{host}:{port}",
+        metrics_port,
+        others.joined if others is not None else None,
     )
-    if processes > 1 and not plane.joined:
+    if others is not None:
         try:
-            running.joined = JoinedProcesses.start(
-                plane.config,
-                f"{host}:{port}",
-                processes - 1,
-                plane.secrets(),
-                cpus=cpus[1:] if cpus else None,
-            )
-            plane.telemetry.peer_metrics_ports = running.joined.metrics_ports
+            others.joined.serving()
         except OSError:
             running.stop(grace=0)
             raise
+        plane.telemetry.peer_metrics_ports = others.joined.metrics_ports
+    for name in (*SERVICE_NAMES, ""):
+        loop.run(health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING))
     log.info(
         "warden listening on %s:%d (policy revision %s, %s, pid %d, one of %d processes)",
         host,
@@ -286,10 +364,57 @@ def serve(plane: Plane, listen: str | None = None, *, cpus: Sequence[int] | None
     return running
 
 
+def _started(
+    plane: Plane,
+    loop: ServerLoop,
+    server: grpc.aio.Server,
+    health_servicer: health_aio.HealthServicer,
+    target: str,
+    metrics_port: int | None,
+    joined: JoinedProcesses | None,
+) -> Server:
+    """Start the bound server on its loop, and what works beside it."""
+    retention = None if plane.joined else _retention(plane)
+    anchors = None if plane.joined else _anchors(plane)
+    plane.store.commit_on(loop.loop)
+    loop.run(server.start())
+    if plane.config.server.watch_policies:
+        plane.reloader.start()
+    sweeper = None
+    if not plane.joined:
+        sweeper = Sweeper(plane, plane.config.server.approval_sweep_seconds)
+        sweeper.start()
+    shared = plane.config.process_count > 1 or plane.config.store_url is not None
+    tail = ApprovalTail(plane.store, plane.approval_events) if shared else None
+    if tail is not None:
+        tail.start()
+    host, _, port = target.rpartition(":")
+    return Server(
+        plane=plane,
+        grpc_server=server,
+        loop=loop,
+        port=int(port),
+        host=host,
+        health=health_servicer,
+        sweeper=sweeper,
+        metrics_port=metrics_port,
+        retention=retention,
+        approval_tail=tail,
+        joined=joined,
+        anchors=anchors,
+        notifier=None if plane.joined else start_notifier(plane),
+        reporter=None if plane.joined else _report_replica(plane),
+    )
+
+
 def _listening(
-    plane: Plane, processes: int, listen: str
+    plane: Plane,
+    processes: int,
+    listen: str,
+    before_listening: Callable[[], None] | None = None,
 ) -> tuple[ServerLoop, grpc.aio.Server, health_aio.HealthServicer, int]:
-    """The server loop, and the server bound to ``listen`` on it, not yet started.
+    """The server loop, and the server bound to ``listen`` on it, not yet
+    started; ``before_listening`` runs between making the server and binding.
 
     Raises:
         OSError: the address cannot be bound (the plane is closed).
@@ -297,8 +422,10 @@ def _listening(
     loop = ServerLoop()
     try:
         server, health_servicer = loop.run(_grpc_server(plane, processes))
+        if before_listening is not None:
+            before_listening()
         port = loop.run(_bind(server, plane.config, listen))
-    except OSError:
+    except BaseException:
         plane.close()
         loop.close()
         raise
@@ -374,17 +501,9 @@ def _claim(listen: str) -> None:
     Raises:
         OSError: the address is in use or not available.
     """
-    host, _, port = listen.rpartition(":")
-    if port == "0":
+    if listen.rpartition(":")[2] == "0":
         return  # the kernel picks a port nobody holds
-    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 (an empty host binds every address)
-    try:
-        found = socket.getaddrinfo(
-            host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except (OSError, ValueError) as exc:
-        raise OSError(f"cannot listen on {listen}: {exc}") from None
-    for family, kind, proto, _, address in found:
+    for family, kind, proto, address in _addresses(listen):
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -393,6 +512,51 @@ def _claim(listen: str) -> None:
                 raise OSError(
                     f"cannot listen on {listen}: the address is in use or not available"
                 ) from None
+
+
+def _hold(listen: str) -> tuple[list[socket.socket], str]:
+    """Bind ``listen``'s addresses without listening, as the plane's processes
+    will (SO_REUSEPORT), choosing the port when it is 0: the sockets, and the
+    address with its port. A connection to a port bound but not listening is
+    refused, not queued for a process.
+
+    Raises:
+        OSError: the address is in use or not available.
+    """
+    host, _, port = listen.rpartition(":")
+    held: list[socket.socket] = []
+    try:
+        for family, kind, proto, address in _addresses(listen):
+            held_socket = socket.socket(family, kind, proto)
+            held.append(held_socket)
+            held_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            held_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            held_socket.bind((address[0], int(port), *address[2:]))
+            port = str(held_socket.getsockname()[1])  # the one chosen, for every address
+    except OSError:
+        for held_socket in held:
+            held_socket.close()
+        raise OSError(
+            f"cannot listen on {listen}: the address is in use or not available"
+        ) from None
+    return held, f"{host}:{port}"
+
+
+def _addresses(listen: str) -> list[tuple[socket.AddressFamily, socket.SocketKind, int, Any]]:
+    """What binding ``listen`` binds: each address its host resolves to.
+
+    Raises:
+        OSError: the host does not resolve, or the port is not a number.
+    """
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 (an empty host binds every address)
+    try:
+        found = socket.getaddrinfo(
+            host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, ValueError) as exc:
+        raise OSError(f"cannot listen on {listen}: {exc}") from None
+    return [(family, kind, proto, address) for family, kind, proto, _, address in found]
 
 
 def _retention(plane: Plane) -> RetentionScheduler | None:

@@ -108,6 +108,28 @@ class ProcessSecrets:
     replica_id: str = ""
     """The name the processes report under together (``replicas.py``)."""
 
+    @classmethod
+    def from_config(cls, config: Config) -> ProcessSecrets:
+        """Read the keys the config names, or those kept beside the store
+        (made there on the first start), and name the replica.
+
+        Raises:
+            ValueError, OSError: a key file cannot be read, used or made (the
+                message names it).
+        """
+        replay_key = config.idempotency.replay_key
+        sealer = (
+            Sealer.from_secret(replay_key)
+            if replay_key is not None
+            else Sealer.beside(config.store_path)
+        )
+        key_file = config.grants.signing_key_file
+        grants = GrantSigner.from_files(
+            config.path(key_file) if key_file else default_key_path(config.store_path),
+            create=key_file is None,
+        )
+        return cls(grants.private_pem().decode(), sealer.key.hex(), new_replica_id())
+
 
 @dataclass
 class Plane:
@@ -131,10 +153,10 @@ class Plane:
     checkpoints: CheckpointVerifier | None = None
     """Checks retention checkpoints; a ``CheckpointSigner`` where this plane prunes."""
     replica_id: str = field(default_factory=new_replica_id)
+    """This replica's name in the store's ``replicas`` table."""
     process_id: str = field(default_factory=lambda: os.urandom(6).hex())
     """Names this process to the SDKs (``x-warden-process``), which balance
     their calls between the processes of a plane."""
-    """This replica's name in the store's ``replicas`` table."""
     joined: bool = False
     """This process joined a plane another process started (``[server] processes``):
     that one alone sweeps approvals and prunes, and serves the plane's metrics."""
@@ -152,30 +174,19 @@ class Plane:
 
         The policy folder is checked against the registered capabilities and
         its loading recorded in the audit log; watching it starts with
-        ``reloader.start()``.
+        ``reloader.start()``. The keys are ``secrets`` when given (those every
+        process of the plane shares), else read or made here.
 
         Raises:
             PolicyLoadError: the policy folder has problems.
             ValueError, OSError: unreadable keys or store (a CheckpointKeyError is a
                 ValueError).
         """
+        if secrets is None:
+            secrets = ProcessSecrets.from_config(config)
         verification = [config.path(f) for f in config.grants.verification_key_files]
-        replay_key = config.idempotency.replay_key
-        if secrets is not None:
-            grants = GrantSigner.from_pem(secrets.grant_key_pem.encode(), verification)
-            sealer = Sealer(bytes.fromhex(secrets.seal_key_hex))
-        else:
-            sealer = (
-                Sealer.from_secret(replay_key)
-                if replay_key is not None
-                else Sealer.beside(config.store_path)
-            )
-            key_file = config.grants.signing_key_file
-            grants = GrantSigner.from_files(
-                config.path(key_file) if key_file else default_key_path(config.store_path),
-                verification,
-                create=key_file is None,
-            )
+        grants = GrantSigner.from_pem(secrets.grant_key_pem.encode(), verification)
+        sealer = Sealer(bytes.fromhex(secrets.seal_key_hex))
         hash_key = config.redaction.hash_key if config.redaction.mode == "keyed-hash" else None
         actors = ActorVerifier.from_config(config)
         checkpoints = load_checkpoint_key(config)
@@ -219,7 +230,7 @@ class Plane:
                 store, ReadLimiter(config.audit.read_rate, config.audit.read_burst)
             ),
             joined=joined,
-            replica_id=secrets.replica_id if secrets and secrets.replica_id else new_replica_id(),
+            replica_id=secrets.replica_id or new_replica_id(),
         )
 
     def secrets(self) -> ProcessSecrets:

@@ -27,6 +27,18 @@ connections and threads; what they share lives in the store:
 The first process hands the others its config and the keys it may have made
 at start through the forkserver's socket, never on a command line or in the
 environment; when it goes away, so do they (a pipe from it closes).
+
+Every process begins listening at once. The kernel hands a connection to one
+of the sockets listening when it arrives, and gRPC keeps a connection for as
+long as both ends live: a client that connected while the first process
+listened alone would send all its calls there for good, however many
+processes joined later. So the processes start together (``warden serve``
+starts the others before it loads its own policy set, and they load theirs
+meanwhile), each gets ready to serve without listening and says so
+(``PREPARED``), and once all are ready the first listens and tells them to
+(``JoinedProcesses.listen``). Until then the port is held by sockets bound
+to it but not listening (``app.start_others``), so that nothing else takes
+it and no connection is accepted early.
 """
 
 from __future__ import annotations
@@ -56,7 +68,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PREPARED: Final = "prepared"
+"""A joining process has loaded its plane and waits to be told to listen."""
 READY: Final = "ready"
+"""A joining process listens and serves."""
+LISTEN: Final = "listen"
+"""The first process's word to a prepared process: listen now."""
 START_TIMEOUT_S: Final = 60.0
 
 
@@ -83,8 +100,11 @@ class JoinedProcesses:
         self._processes: list[BaseProcess] = []
         self._lifelines: list[Connection] = []
         """Our ends of the pipes each process watches: they close when we exit."""
+        self._readiness: list[Connection] = []
+        """Our ends of the pipes on which each says how its start goes."""
         self.metrics_ports: tuple[int, ...] = ()
-        """Where each serves its ``/metrics`` on loopback, when the plane serves metrics."""
+        """Where each serves its ``/metrics`` on loopback, when the plane serves
+        metrics (known once they listen)."""
 
     @property
     def pids(self) -> list[int]:
@@ -100,11 +120,12 @@ class JoinedProcesses:
         *,
         cpus: Sequence[int] | None = None,
     ) -> JoinedProcesses:
-        """Start ``count`` processes serving ``listen`` with ``config``; returns
-        once every one serves. With ``cpus``, the i-th runs on ``cpus[i]``.
+        """Start ``count`` processes that will serve ``listen`` with ``config``;
+        returns at once, while they load. With ``cpus``, the i-th runs on
+        ``cpus[i]``. Each waits, prepared, until ``listen()``.
 
         Raises:
-            ProcessStartError: one did not start (the others are stopped).
+            ProcessStartError: one could not be started (the others are stopped).
         """
         spec = json.dumps(
             {
@@ -115,7 +136,6 @@ class JoinedProcesses:
             }
         )
         started = cls()
-        readiness: list[Connection] = []
         try:
             for index in range(count):
                 ready, ready_child = _FORKSERVER.Pipe(duplex=False)
@@ -132,16 +152,40 @@ class JoinedProcesses:
                 lifeline_child.close()
                 started._processes.append(process)
                 started._lifelines.append(lifeline)
-                readiness.append(ready)
-            ports = [_await_ready(p, r) for p, r in zip(started._processes, readiness, strict=True)]
-            started.metrics_ports = tuple(p for p in ports if p is not None)
+                started._readiness.append(ready)
         except BaseException:
             started.stop(grace=0)
             raise
-        finally:
-            for ready in readiness:
-                ready.close()
         return started
+
+    def prepared(self) -> None:
+        """Wait until every process has loaded its plane and waits to listen.
+
+        Raises:
+            ProcessStartError: one did not get there (what it said, or how it ended).
+        """
+        for process, ready in zip(self._processes, self._readiness, strict=True):
+            _await(process, ready, PREPARED)
+
+    def listen(self) -> None:
+        """Tell every prepared process to listen (``serving`` waits until they do)."""
+        for lifeline in self._lifelines:
+            lifeline.send(LISTEN)
+
+    def serving(self) -> None:
+        """Wait until every process told to listen serves.
+
+        Raises:
+            ProcessStartError: one did not come to serve.
+        """
+        ports = [
+            _await(process, ready, READY)
+            for process, ready in zip(self._processes, self._readiness, strict=True)
+        ]
+        self.metrics_ports = tuple(int(p) for p in ports if p)
+        for ready in self._readiness:
+            ready.close()
+        self._readiness = []
 
     def stop(self, grace: float | None = 2.0) -> None:
         """Stop every process, letting in-flight calls finish within ``grace``."""
@@ -155,9 +199,9 @@ class JoinedProcesses:
                 process.kill()
                 process.join()
             process.close()
-        for lifeline in self._lifelines:
-            lifeline.close()
-        self._processes, self._lifelines = [], []
+        for pipe in (*self._lifelines, *self._readiness):
+            pipe.close()
+        self._processes, self._lifelines, self._readiness = [], [], []
 
 
 @contextmanager
@@ -174,8 +218,13 @@ def _main_module_aside() -> Iterator[None]:
         sys.modules["__main__"] = main
 
 
-def _await_ready(process: BaseProcess, ready: Connection) -> int | None:
-    """The process's ``/metrics`` port (None when it serves none), once it serves."""
+def _await(process: BaseProcess, ready: Connection, expected: str) -> str:
+    """What the process said with ``expected`` (its ``/metrics`` port, once
+    it serves), once it says it.
+
+    Raises:
+        ProcessStartError: it said it failed, ended, or said nothing in time.
+    """
     if not ready.poll(START_TIMEOUT_S):
         raise ProcessStartError(f"a joining process did not start in {START_TIMEOUT_S:.0f} s")
     try:
@@ -185,18 +234,20 @@ def _await_ready(process: BaseProcess, ready: Connection) -> int | None:
         raise ProcessStartError(
             f"a joining process did not start: it exited with status {process.exitcode}"
         ) from None
-    if word == READY:
-        return int(said) if said else None
+    if word == expected:
+        return str(said)
     raise ProcessStartError(f"a joining process did not start: {said}")
 
 
 def _join(spec_text: str, ready: Connection, lifeline: Connection, cpu: int | None) -> None:
-    """A process joining a plane (on ``cpu``, when given): serve until told
-    to stop, or until the first process is gone."""
+    """A process joining a plane (on ``cpu``, when given): load, wait for the
+    word to listen, then serve until told to stop, or until the first process
+    is gone."""
     if cpu is not None:
         pin_to(cpu)  # before any thread of the plane starts: they inherit it
     from warden_server.app import serve
     from warden_server.plane import Plane, ProcessSecrets
+    from warden_server.reload import announce_joined
     from warden_server.telemetry.logs import configure_logging
 
     spec = json.loads(spec_text)
@@ -204,11 +255,23 @@ def _join(spec_text: str, ready: Connection, lifeline: Connection, cpu: int | No
     configure_logging(spec["log_level"], config.telemetry.log_format)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C reaches the first process
     freeze_what_is_loaded()
+
+    def told_to_listen() -> None:
+        ready.send((PREPARED, ""))
+        if lifeline.recv() != LISTEN:  # EOFError: the first process is gone
+            raise ProcessStartError("the first process said something else than to listen")
+        # The first process announced its set before it said so: this one
+        # announces its own only if it differs (the folder changed meanwhile).
+        announce_joined(plane.store, plane.policies.current())
+
     try:
         plane = Plane.from_config(config, joined=True, secrets=ProcessSecrets(**spec["secrets"]))
-        server = serve(plane, spec["listen"])
+        server = serve(plane, spec["listen"], before_listening=told_to_listen)
+    except (EOFError, BrokenPipeError):
+        sys.exit(1)  # the first process went away while this one started
     except Exception as exc:
-        ready.send(("failed", str(exc)))
+        with contextlib.suppress(OSError):
+            ready.send(("failed", str(exc)))
         sys.exit(1)
     try:
         ready.send((READY, str(server.metrics_port or "")))
@@ -227,7 +290,7 @@ def _join(spec_text: str, ready: Connection, lifeline: Connection, cpu: int | No
 
     def orphaned() -> None:
         with contextlib.suppress(EOFError, OSError):
-            lifeline.recv()  # nothing is ever sent: this returns when the first process is gone
+            lifeline.recv()  # nothing more is sent: this returns when the first process is gone
         stop()
 
     threading.Thread(target=orphaned, name="warden-parent-watch", daemon=True).start()

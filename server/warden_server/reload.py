@@ -56,8 +56,10 @@ def load_at_start(
 ) -> PolicySet:
     """The policy set a plane starts with, its loading (or refusal) recorded.
 
-    A process ``joining`` a running plane records the set only when the log
-    has not announced it already (its first process has, as a rule).
+    A process ``joining`` a plane loads while the plane's first process loads
+    and records nothing yet: it announces its set once the first process has
+    recorded its own (``announce_joined``). One that cannot load its set does
+    not start, and the plane with it; the first process records the refusal.
 
     Raises:
         PolicyLoadError: the folder has problems; the plane must not start.
@@ -66,10 +68,19 @@ def load_at_start(
         source = read_policy_folder(config.policies_path)
         policies = _compile(config, source, registry)
     except PolicyLoadError as exc:
-        _record_rejection(store, exc, serving=None, reason="startup", unless_announced=joining)
+        if not joining:
+            _record_rejection(store, exc, serving=None, reason="startup")
         raise
-    _record_load(store, policies, previous=None, reason="startup", unless_announced=joining)
+    if not joining:
+        _record_load(store, policies, previous=None, reason="startup")
     return policies
+
+
+def announce_joined(store: Store, policies: PolicySet) -> None:
+    """Record the set a joining process loaded, unless the log announces it
+    already (the plane's first process has, unless the folder changed while
+    they loaded): a revision is announced before any process decides with it."""
+    _record_load(store, policies, previous=None, reason="startup", unless_announced=True)
 
 
 class PolicyReloader:

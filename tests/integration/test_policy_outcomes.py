@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 import warden
-from tests.conftest import Plant, make_config
+from tests.conftest import EXAMPLE_POLICIES, Plant, make_config
 from tests.integration.lab import Lab, build_lab
 from warden_server.plane import Plane
 from warden_server.policy.loader import PolicyLoadError
+from warden_server.registry import Registry
+from warden_server.reload import announce_joined, load_at_start
 from warden_server.store import SQLiteStore
 
 RULES = """
@@ -105,6 +107,42 @@ def test_the_plane_records_the_set_it_started_with(plant: Plant) -> None:
     assert (row["status"], row["reason"]) == ("loaded", "startup")
     assert row["policy_revision"] == plant.server.plane.policies.current().revision
     assert json.loads(row["details"])["files"] == ["orders.yaml"]
+
+
+def test_a_joining_process_announces_only_a_set_the_first_did_not(
+    tmp_path: Path, policy_dir: Callable[[str], Path]
+) -> None:
+    """The processes of a plane load their sets at the same time; the first
+    records its own, and one that joins records nothing unless its set differs
+    (the folder changed while they loaded)."""
+    config = make_config(tmp_path, EXAMPLE_POLICIES)
+    store = SQLiteStore(config.store_path)
+    try:
+        registry = Registry(store, config.limits)
+        joining = load_at_start(config, store, registry, joining=True)
+        assert list(store.audit_records()) == []
+        first = load_at_start(config, store, registry)
+        announce_joined(store, joining)
+        assert _policy_rows(store) == [("loaded", "startup", first.revision)]
+
+        changed = make_config(tmp_path, policy_dir(RULES))
+        later = load_at_start(changed, store, registry, joining=True)
+        announce_joined(store, later)
+        announce_joined(store, later)
+        assert _policy_rows(store) == [
+            ("loaded", "startup", first.revision),
+            ("loaded", "startup", later.revision),
+        ]
+    finally:
+        store.close()
+
+
+def _policy_rows(store: SQLiteStore) -> list[tuple[str, str, str]]:
+    return [
+        (r["status"], r["reason"], r["policy_revision"])
+        for r in store.audit_records()
+        if r["kind"] == "policy"
+    ]
 
 
 def test_a_plane_refuses_to_start_on_a_broken_set_and_records_why(tmp_path: Path) -> None:

@@ -16,11 +16,12 @@ import grpc
 import pytest
 
 from benchmarks import process_tree
-from tests.conftest import EXAMPLE_POLICIES, ORDERS_TOKEN, Plant, copy_policies
+from tests.conftest import EXAMPLE_POLICIES, ORDERS_TOKEN, Plant, copy_policies, make_config
 from warden.shared.wire import PROCESS_METADATA, SERVICE_TOKEN_METADATA
 from warden.v1 import governor_pb2, governor_pb2_grpc, policy_pb2, policy_pb2_grpc
-from warden_server.app import serve
+from warden_server.app import launch, serve
 from warden_server.plane import Plane
+from warden_server.policy.loader import PolicyLoadError
 
 REVISION_WAIT_S = 10.0
 
@@ -103,12 +104,12 @@ def test_a_plane_told_to_stop_while_its_processes_start_stops_cleanly(tmp_path: 
     )
     try:
         deadline = time.monotonic() + 30
-        while True:  # the first process listens before the second has joined
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", int(target.rpartition(":")[2]))) == 0:
-                    break
-            assert time.monotonic() < deadline, "the plane never listened"
+        while len(process_tree(process.pid)) < 3:  # the second process is on its way
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, "no second process started"
             time.sleep(0.01)
+        with socket.socket() as probe:  # nothing listens yet: every process is still loading
+            assert probe.connect_ex(("127.0.0.1", int(target.rpartition(":")[2]))) != 0
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
     finally:
@@ -117,6 +118,84 @@ def test_a_plane_told_to_stop_while_its_processes_start_stops_cleanly(tmp_path: 
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr
     assert "received SIGTERM, stopping" in stderr
+
+
+def test_a_plane_serves_on_every_process_from_its_first_connection(tmp_path: Path) -> None:
+    """gRPC keeps a connection for good, and the kernel hands each to a process
+    listening when it arrives: connections made as soon as the plane answers
+    must reach every process, or their calls would stay on one for good."""
+    from benchmarks import wait_until_serving
+    from tests.integration.test_cli import (
+        ORDERS_CLI_TOKEN,
+        free_port,
+        warden_command,
+        write_config,
+    )
+
+    config_path = write_config(tmp_path / "cli")
+    target = f"127.0.0.1:{free_port()}"
+    serve_args = ["serve", "--config", str(config_path), "--listen", target, "--processes", "2"]
+    process = subprocess.Popen(
+        [*warden_command(), *serve_args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    channels = []
+    try:
+        wait_until_serving(target, process)  # a health check on a fresh connection
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        channels = [grpc.insecure_channel(target, options=options) for _ in range(16)]
+        for channel in channels:  # all of them connected now, before any is asked
+            grpc.channel_ready_future(channel).result(timeout=10)
+        reached = {_process_of(channel, ORDERS_CLI_TOKEN) for channel in channels}
+    finally:
+        for channel in channels:
+            channel.close()
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+    assert len(reached) == 2, f"16 connections all reached one process\n{stderr}"
+
+
+def _process_of(channel: grpc.Channel, token: str) -> str:
+    """The process that answers on ``channel``'s connection."""
+    _, call = governor_pb2_grpc.GovernorStub(channel).CompleteMany.with_call(
+        governor_pb2.CompleteManyRequest(),
+        metadata=((SERVICE_TOKEN_METADATA, token),),
+        timeout=5,
+    )
+    (named,) = [value for key, value in call.trailing_metadata() if key == PROCESS_METADATA]
+    return str(named)
+
+
+def test_a_plane_whose_policy_set_is_broken_leaves_no_process_behind(tmp_path: Path) -> None:
+    """The other processes start before the first has loaded its set; when it
+    cannot, they stop with it."""
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text("rules:\n  - id: x\n    capabilities: [orders.get]\n")
+    before = _grandchildren()
+    with pytest.raises(PolicyLoadError, match="missing required key"):
+        launch(make_config(tmp_path, folder, processes=2))
+    deadline = time.monotonic() + 10
+    while (left := _grandchildren() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, "a process that joined the plane outlived its failed start"
+
+
+def _grandchildren() -> set[int]:
+    """The processes this one's children started: joining processes come from
+    the forkserver, which this process started."""
+    me = os.getpid()
+    return {pid for pid in process_tree(me) if pid != me and _parent(pid) != me}
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])
 
 
 def test_si4_processes_extend_one_chain_without_forks(

@@ -54,10 +54,8 @@ def serve(
     log_format: Literal["text", "json"] | None,
 ) -> None:
     """Serve the plane until interrupted."""
-    from warden_server.app import MetricsUnavailable, Server
-    from warden_server.app import serve as start
+    from warden_server.app import MetricsUnavailable, Server, launch
     from warden_server.placement import cpus_for
-    from warden_server.plane import Plane
     from warden_server.processes import freeze_what_is_loaded
 
     # Paths given on the command line are relative to where the command runs.
@@ -79,14 +77,9 @@ def serve(
     config = config.model_copy(update={"server": counted})
     configure_logging(log_level, log_format or config.telemetry.log_format)
     freeze_what_is_loaded()
-    try:
-        plane = Plane.from_config(config)
-    except PolicyLoadError as exc:
-        raise click.ClickException(f"the policy set has problems:\n{exc}") from None
-    except (OSError, ValueError, StoreError) as exc:
-        raise click.ClickException(str(exc)) from None
-    # Asked to stop while still starting (the other processes take a moment):
-    # stop as soon as serving has begun, rather than die half-started.
+    # Asked to stop while still starting (the policy sets load, the other
+    # processes start): stop as soon as serving has begun, rather than die
+    # half-started.
     stopping = threading.Event()
     running: list[Server] = []
 
@@ -100,13 +93,15 @@ def serve(
     signal.signal(signal.SIGINT, stop)
     cpus = cpus_for(config.process_count, pin=config.server.pin_processes)
     try:
-        server = start(plane, config.server.listen, cpus=cpus)
+        server = launch(config, cpus=cpus)
+    except PolicyLoadError as exc:
+        raise click.ClickException(f"the policy set has problems:\n{exc}") from None
     except MetricsUnavailable as exc:
         raise click.ClickException(
             f"{exc}; move it with --metrics-listen HOST:PORT, "
             "or turn it off with --metrics-listen off"
         ) from None
-    except OSError as exc:
+    except (OSError, ValueError, StoreError) as exc:
         raise click.ClickException(str(exc)) from None
     running.append(server)
     count = config.process_count
