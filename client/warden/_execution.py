@@ -11,7 +11,6 @@ the diagnostics of a failure, and the details a declared error carries.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import functools
 import inspect
@@ -29,6 +28,7 @@ from warden._capability import CapabilitySpec
 from warden._context import Actor, Authorizer, Context, DeclaredErrors
 from warden._envelope import Envelope, Status
 from warden._errors import CapabilityError, WardenError
+from warden._handlers import HandlerThreads
 from warden._outbox import IdempotencyScope, Outbox
 from warden._transport import Transport
 from warden.shared.canonical import compact_json
@@ -68,7 +68,7 @@ class AttemptRunner:
         self,
         transport: Transport,
         outbox: Outbox,
-        executor: concurrent.futures.Executor,
+        handler_threads: HandlerThreads,
         authorizers: Sequence[Authorizer] = (),
         *,
         wait_s: float,
@@ -76,7 +76,7 @@ class AttemptRunner:
         self._authorizers = authorizers
         self._transport = transport
         self._outbox = outbox
-        self._executor = executor
+        self._handler_threads = handler_threads
         self._wait_s = wait_s
 
     async def run(
@@ -239,9 +239,8 @@ class AttemptRunner:
             ran.set()
             return spec.handler(model, ctx)
 
-        loop = asyncio.get_running_loop()
         copy = contextvars.copy_context()
-        return await loop.run_in_executor(self._executor, functools.partial(copy.run, call))
+        return await self._handler_threads.run(functools.partial(copy.run, call))
 
     def _report(
         self,

@@ -41,6 +41,7 @@ from warden._envelope import Envelope
 from warden._errors import CapabilityError, WardenError
 from warden._execution import AttemptRunner, uncancel
 from warden._grants import GrantKey
+from warden._handlers import HandlerThreads
 from warden._outbox import Outbox, default_outbox_path
 from warden._retry import RetryPolicy, may_retry
 from warden._tracing import in_invocation_trace
@@ -192,12 +193,14 @@ class Runtime:
         self._capabilities: dict[str, CapabilitySpec] = {}
         self._versions: dict[str, str] = {}
         self._registered = False
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max_handler_threads, thread_name_prefix="warden-handler"
-        )
+        self._handler_threads = HandlerThreads(max_handler_threads)
         self._authorizers: list[Authorizer] = []
         self._attempts = AttemptRunner(
-            self._transport, self._outbox, self._executor, self._authorizers, wait_s=self._wait_s
+            self._transport,
+            self._outbox,
+            self._handler_threads,
+            self._authorizers,
+            wait_s=self._wait_s,
         )
         self._loop_thread: _LoopThread | None = None
         self._loop_lock = threading.Lock()
@@ -590,7 +593,7 @@ class Runtime:
         if loop_thread is not None:
             loop_thread.run(self._transport.aclose())
             loop_thread.stop()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._handler_threads.shutdown()
 
     async def aclose(self) -> None:
         """Close the connection of the running event loop."""
