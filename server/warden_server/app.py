@@ -311,7 +311,7 @@ def serve(
             raise
     if others is not None:
         listen = others.listen
-        before_listening = others.joined.prepared
+        before_listening = others.joined.listen
     listen = listen or plane.config.server.listen
     host = listen.rsplit(":", 1)[0]
     try:
@@ -321,8 +321,7 @@ def serve(
             others.stop()
         raise
     if others is not None:
-        others.release()
-        others.joined.listen()
+        others.release()  # this process listens on the port now
     metrics_listen = plane.config.telemetry.metrics_listen
     if metrics_listen and plane.joined:
         metrics_listen = "127.0.0.1:0"  # read by the first process, which serves the sum

@@ -35,8 +35,8 @@ listened alone would send all its calls there for good, however many
 processes joined later. So the processes start together (``warden serve``
 starts the others before it loads its own policy set, and they load theirs
 meanwhile), each gets ready to serve without listening and says so
-(``PREPARED``), and once all are ready the first listens and tells them to
-(``JoinedProcesses.listen``). Until then the port is held by sockets bound
+(``PREPARED``), and once all are ready the first tells them to listen
+(``JoinedProcesses.listen``) and listens itself. Until then the port is held by sockets bound
 to it but not listening (``app.start_others``), so that nothing else takes
 it and no connection is accepted early.
 """
@@ -158,19 +158,21 @@ class JoinedProcesses:
             raise
         return started
 
-    def prepared(self) -> None:
-        """Wait until every process has loaded its plane and waits to listen.
+    def listen(self) -> None:
+        """Wait until every process has loaded its plane and waits to listen,
+        then tell each to listen (``serving`` waits until they do).
 
         Raises:
-            ProcessStartError: one did not get there (what it said, or how it ended).
+            ProcessStartError: one did not get there (what it said, or how it
+                ended), or went away before it heard.
         """
         for process, ready in zip(self._processes, self._readiness, strict=True):
             _await(process, ready, PREPARED)
-
-    def listen(self) -> None:
-        """Tell every prepared process to listen (``serving`` waits until they do)."""
         for lifeline in self._lifelines:
-            lifeline.send(LISTEN)
+            try:
+                lifeline.send(LISTEN)
+            except OSError as exc:
+                raise ProcessStartError(f"a joining process went away: {exc}") from None
 
     def serving(self) -> None:
         """Wait until every process told to listen serves.
