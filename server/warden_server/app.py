@@ -349,6 +349,11 @@ def serve(
             running.stop(grace=0)
             raise
         plane.telemetry.peer_metrics_ports = others.joined.metrics_ports
+
+        def metrics_moved(ports: tuple[int, ...]) -> None:
+            plane.telemetry.peer_metrics_ports = ports
+
+        others.joined.supervise(metrics_moved)
     for name in (*SERVICE_NAMES, ""):
         loop.run(health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING))
     log.info(

@@ -26,7 +26,8 @@ connections and threads; what they share lives in the store:
 
 The first process hands the others its config and the keys it may have made
 at start through the forkserver's socket, never on a command line or in the
-environment; when it goes away, so do they (a pipe from it closes).
+environment; when it goes away, so do they (a pipe from it closes). While it
+serves, it replaces any of them that ends (``JoinedProcesses.supervise``).
 
 Every process begins listening at once. The kernel hands a connection to one
 of the sockets listening when it arrives, and gRPC keeps a connection for as
@@ -48,17 +49,18 @@ import gc
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import signal
 import sys
 import threading
 import time
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from warden_server.config import Config
 from warden_server.placement import pin_to
@@ -93,22 +95,47 @@ def freeze_what_is_loaded() -> None:
     gc.freeze()
 
 
-class JoinedProcesses:
-    """The processes that joined a plane's first one."""
+@dataclass
+class _Joined:
+    """One joined process, and our ends of its pipes."""
 
-    def __init__(self) -> None:
-        self._processes: list[BaseProcess] = []
-        self._lifelines: list[Connection] = []
-        """Our ends of the pipes each process watches: they close when we exit."""
-        self._readiness: list[Connection] = []
-        """Our ends of the pipes on which each says how its start goes."""
+    process: BaseProcess
+    lifeline: Connection
+    """The pipe it watches: it closes when we exit; the word to listen goes here."""
+    ready: Connection | None
+    """The pipe on which it says how its start goes, until it serves."""
+    started_at: float
+    metrics_port: int | None = None
+
+
+class JoinedProcesses:
+    """The processes that joined a plane's first one.
+
+    Once they serve, ``supervise`` keeps their number: one that ends while
+    the plane serves (killed by the kernel for memory, say) is logged and
+    replaced, and the new one listens at once beside the others. One that
+    ended soon after it started waits a little longer each time before the
+    next is started (``RESTART_PAUSES_S``), so a process that cannot live
+    does not take the machine with it.
+    """
+
+    def __init__(self, spec: str, cpus: Sequence[int] | None) -> None:
+        self._spec = spec
+        self._cpus = cpus
+        self._joined: list[_Joined] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
         self.metrics_ports: tuple[int, ...] = ()
         """Where each serves its ``/metrics`` on loopback, when the plane serves
         metrics (known once they listen)."""
+        self.replaced = 0
+        """How many processes were started in place of one that ended."""
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._processes if p.pid is not None]
+        with self._lock:
+            return [j.process.pid for j in self._joined if j.process.pid is not None]
 
     @classmethod
     def start(
@@ -135,28 +162,35 @@ class JoinedProcesses:
                 "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             }
         )
-        started = cls()
+        started = cls(spec, cpus)
         try:
             for index in range(count):
-                ready, ready_child = _FORKSERVER.Pipe(duplex=False)
-                lifeline_child, lifeline = _FORKSERVER.Pipe(duplex=False)
-                process = _FORKSERVER.Process(
-                    target=_join,
-                    args=(spec, ready_child, lifeline_child, cpus[index] if cpus else None),
-                    name="warden-joined",
-                    daemon=False,
-                )
-                with _main_module_aside():
-                    process.start()
-                ready_child.close()
-                lifeline_child.close()
-                started._processes.append(process)
-                started._lifelines.append(lifeline)
-                started._readiness.append(ready)
+                started._joined.append(started._spawn(index))
         except BaseException:
             started.stop(grace=0)
             raise
         return started
+
+    def _spawn(self, index: int) -> _Joined:
+        ready, ready_child = _FORKSERVER.Pipe(duplex=False)
+        lifeline_child, lifeline = _FORKSERVER.Pipe(duplex=False)
+        cpu = self._cpus[index] if self._cpus else None
+        process = _FORKSERVER.Process(
+            target=_join,
+            args=(self._spec, ready_child, lifeline_child, cpu),
+            name="warden-joined",
+            daemon=False,
+        )
+        try:
+            with _main_module_aside():
+                process.start()
+        except BaseException:
+            for pipe in (ready, ready_child, lifeline, lifeline_child):
+                pipe.close()
+            raise
+        ready_child.close()
+        lifeline_child.close()
+        return _Joined(process, lifeline, ready, time.monotonic())
 
     def listen(self) -> None:
         """Wait until every process has loaded its plane and waits to listen,
@@ -166,13 +200,10 @@ class JoinedProcesses:
             ProcessStartError: one did not get there (what it said, or how it
                 ended), or went away before it heard.
         """
-        for process, ready in zip(self._processes, self._readiness, strict=True):
-            _await(process, ready, PREPARED)
-        for lifeline in self._lifelines:
-            try:
-                lifeline.send(LISTEN)
-            except OSError as exc:
-                raise ProcessStartError(f"a joining process went away: {exc}") from None
+        for joined in self._joined:
+            _await(joined, PREPARED)
+        for joined in self._joined:
+            _tell_to_listen(joined)
 
     def serving(self) -> None:
         """Wait until every process told to listen serves.
@@ -180,30 +211,139 @@ class JoinedProcesses:
         Raises:
             ProcessStartError: one did not come to serve.
         """
-        ports = [
-            _await(process, ready, READY)
-            for process, ready in zip(self._processes, self._readiness, strict=True)
-        ]
-        self.metrics_ports = tuple(int(p) for p in ports if p)
-        for ready in self._readiness:
-            ready.close()
-        self._readiness = []
+        for joined in self._joined:
+            _serving(joined)
+        self._count_ports()
+
+    def supervise(self, on_metrics_ports: Callable[[tuple[int, ...]], None]) -> None:
+        """Replace each process that ends from now on, until ``stop``; tell
+        ``on_metrics_ports`` where the processes serve ``/metrics`` after each
+        replacement."""
+        self._supervisor = threading.Thread(
+            target=self._supervise,
+            args=(on_metrics_ports,),
+            name="warden-process-supervisor",
+            daemon=True,
+        )
+        self._supervisor.start()
+
+    def _supervise(self, on_metrics_ports: Callable[[tuple[int, ...]], None]) -> None:
+        pauses = [0.0] * len(self._joined)
+        while not self._stopping.is_set():
+            with self._lock:
+                sentinels = {j.process.sentinel: i for i, j in enumerate(self._joined)}
+            for sentinel in multiprocessing.connection.wait(list(sentinels), timeout=1.0):
+                if self._stopping.is_set():  # they end because the plane stops
+                    return
+                index = sentinels[cast(int, sentinel)]
+                pauses[index] = self._replace(index, pauses[index])
+                on_metrics_ports(self.metrics_ports)
+
+    def _replace(self, index: int, pause: float) -> float:
+        """Start a process in place of the ``index``-th, which ended, and let
+        it serve; returns the pause to make before replacing that one again."""
+        with self._lock:
+            if self._stopping.is_set():
+                return pause
+            old = self._joined[index]
+        lived = time.monotonic() - old.started_at
+        if lived < STABLE_AFTER_S:  # it could not live: wait longer each time
+            pause = min(RESTART_PAUSES_S[1], max(pause * 2, RESTART_PAUSES_S[0]))
+        else:
+            pause = 0.0
+        log.error(
+            "process %d of the plane (pid %s) ended with status %s after %.0f s; "
+            "starting another%s",
+            index + 2,
+            old.process.pid,
+            old.process.exitcode,
+            lived,
+            f" in {pause:.0f} s" if pause else "",
+        )
+        if self._stopping.wait(pause):
+            return pause
+        try:
+            joined = self._spawn(index)
+        except (OSError, ValueError) as exc:
+            log.error("starting a process of the plane failed: %s", exc)
+            old.started_at = time.monotonic()  # tried again after a longer pause
+            return pause
+        with self._lock:
+            kept = not self._stopping.is_set()
+            if kept:
+                self._joined[index] = joined
+        if not kept:  # the plane stopped meanwhile
+            joined.process.terminate()
+            joined.process.join()
+            _close(joined)
+            return pause
+        _close(old)
+        try:
+            _await(joined, PREPARED)
+            _tell_to_listen(joined)
+            _serving(joined)
+        except ProcessStartError as exc:
+            if not self._stopping.is_set():
+                log.error("the process started in place of process %d failed: %s", index + 2, exc)
+            return pause
+        self.replaced += 1
+        self._count_ports()
+        log.warning("process %d of the plane serves again (pid %s)", index + 2, joined.process.pid)
+        return pause
+
+    def _count_ports(self) -> None:
+        with self._lock:
+            self.metrics_ports = tuple(
+                j.metrics_port for j in self._joined if j.metrics_port is not None
+            )
 
     def stop(self, grace: float | None = 2.0) -> None:
         """Stop every process, letting in-flight calls finish within ``grace``."""
-        for process in self._processes:
-            if process.is_alive():
-                process.terminate()  # SIGTERM: the process drains, then exits
+        self._stopping.set()  # none is replaced from now on
+        with self._lock:
+            joined, self._joined = self._joined, []
+        for each in joined:
+            if each.process.is_alive():
+                each.process.terminate()  # SIGTERM: the process drains, then exits
         deadline = time.monotonic() + (grace or 0) + 10
-        for process in self._processes:
-            process.join(timeout=max(0.1, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-                process.join()
-            process.close()
-        for pipe in (*self._lifelines, *self._readiness):
+        for each in joined:
+            each.process.join(timeout=max(0.1, deadline - time.monotonic()))
+            if each.process.is_alive():
+                each.process.kill()
+                each.process.join()
+            _close(each)
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=10)
+
+
+RESTART_PAUSES_S: Final = (1.0, 60.0)
+"""The first and the longest pause before replacing a process that ended
+within ``STABLE_AFTER_S`` of its start."""
+STABLE_AFTER_S: Final = 30.0
+"""A process that lived this long is replaced at once when it ends."""
+
+
+def _tell_to_listen(joined: _Joined) -> None:
+    try:
+        joined.lifeline.send(LISTEN)
+    except OSError as exc:
+        raise ProcessStartError(f"a joining process went away: {exc}") from None
+
+
+def _serving(joined: _Joined) -> None:
+    said = _await(joined, READY)
+    joined.metrics_port = int(said) if said else None
+    if joined.ready is not None:
+        joined.ready.close()
+        joined.ready = None
+
+
+def _close(joined: _Joined) -> None:
+    with contextlib.suppress(ValueError):  # closed already, by multiprocessing
+        joined.process.close()
+    for pipe in (joined.lifeline, joined.ready):
+        if pipe is not None:
             pipe.close()
-        self._processes, self._lifelines, self._readiness = [], [], []
 
 
 @contextmanager
@@ -220,13 +360,15 @@ def _main_module_aside() -> Iterator[None]:
         sys.modules["__main__"] = main
 
 
-def _await(process: BaseProcess, ready: Connection, expected: str) -> str:
+def _await(joined: _Joined, expected: str) -> str:
     """What the process said with ``expected`` (its ``/metrics`` port, once
     it serves), once it says it.
 
     Raises:
         ProcessStartError: it said it failed, ended, or said nothing in time.
     """
+    ready, process = joined.ready, joined.process
+    assert ready is not None, "the process said all it had to say"
     if not ready.poll(START_TIMEOUT_S):
         raise ProcessStartError(f"a joining process did not start in {START_TIMEOUT_S:.0f} s")
     try:

@@ -294,6 +294,31 @@ def test_each_process_names_itself_in_governor_answers(
     assert learned and learned <= seen, f"the runtime's connections learned {learned}"
 
 
+def test_a_process_that_ends_while_serving_is_replaced(
+    start_plane: Callable[..., Plant], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process killed while the plane serves (by the kernel, for memory,
+    say) is logged and replaced, and the new one serves beside the first."""
+    plant = start_plane(processes=2)
+    joined = plant.server.joined
+    assert joined is not None
+    (killed,) = joined.pids
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while joined.replaced == 0:
+        assert time.monotonic() < deadline, "the process was not replaced"
+        time.sleep(0.05)
+    (started,) = joined.pids
+    assert started != killed
+    seen: set[str] = set()
+    for _ in range(40):
+        seen.add(answering_process(plant.target))
+        if len(seen) == 2:
+            break
+    assert len(seen) == 2, "only one process answers"
+    assert f"(pid {killed}) ended with status -9" in caplog.text
+
+
 def test_metrics_count_the_calls_every_process_served(tmp_path: Path, orders_example: Any) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
