@@ -268,17 +268,24 @@ def answering_process(target: str) -> str:
     return named.pop()
 
 
+def processes_answering(target: str, expected: int) -> set[str]:
+    """The processes fresh connections reach, until ``expected`` of them have
+    answered or 40 connections were made."""
+    seen: set[str] = set()
+    for _ in range(40):
+        seen.add(answering_process(target))
+        if len(seen) == expected:
+            break
+    return seen
+
+
 def test_each_process_names_itself_in_governor_answers(
     start_plane: Callable[..., Plant], orders_example: Any
 ) -> None:
     """The SDK balances its calls by process: every process answers with an id
     of its own, the same on every call of a connection."""
     plant = start_plane(processes=2)
-    seen: set[str] = set()
-    for _ in range(40):
-        seen.add(answering_process(plant.target))
-        if len(seen) == 2:
-            break
+    seen = processes_answering(plant.target, 2)
     assert len(seen) == 2, "the kernel never spread the connections"
     assert plant.server.plane.process_id in seen
 
@@ -310,12 +317,7 @@ def test_a_process_that_ends_while_serving_is_replaced(
         time.sleep(0.05)
     (started,) = joined.pids
     assert started != killed
-    seen: set[str] = set()
-    for _ in range(40):
-        seen.add(answering_process(plant.target))
-        if len(seen) == 2:
-            break
-    assert len(seen) == 2, "only one process answers"
+    assert len(processes_answering(plant.target, 2)) == 2, "only one process answers"
     assert f"(pid {killed}) ended with status -9" in caplog.text
 
 
