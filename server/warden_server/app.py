@@ -350,10 +350,11 @@ def serve(
             raise
         plane.telemetry.peer_metrics_ports = others.joined.metrics_ports
 
-        def metrics_moved(ports: tuple[int, ...]) -> None:
+        def replaced(ports: tuple[int, ...]) -> None:
             plane.telemetry.peer_metrics_ports = ports
+            plane.telemetry.metrics.processes_replaced.inc()
 
-        others.joined.supervise(metrics_moved)
+        others.joined.supervise(replaced)
     for name in (*SERVICE_NAMES, ""):
         loop.run(health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING))
     log.info(

@@ -215,19 +215,19 @@ class JoinedProcesses:
             _serving(joined)
         self._count_ports()
 
-    def supervise(self, on_metrics_ports: Callable[[tuple[int, ...]], None]) -> None:
-        """Replace each process that ends from now on, until ``stop``; tell
-        ``on_metrics_ports`` where the processes serve ``/metrics`` after each
-        replacement."""
+    def supervise(self, on_replaced: Callable[[tuple[int, ...]], None]) -> None:
+        """Replace each process that ends from now on, until ``stop``. Once a
+        new process serves, ``on_replaced`` hears where the processes serve
+        ``/metrics`` now."""
         self._supervisor = threading.Thread(
             target=self._supervise,
-            args=(on_metrics_ports,),
+            args=(on_replaced,),
             name="warden-process-supervisor",
             daemon=True,
         )
         self._supervisor.start()
 
-    def _supervise(self, on_metrics_ports: Callable[[tuple[int, ...]], None]) -> None:
+    def _supervise(self, on_replaced: Callable[[tuple[int, ...]], None]) -> None:
         pauses = [0.0] * len(self._joined)
         while not self._stopping.is_set():
             with self._lock:
@@ -236,8 +236,10 @@ class JoinedProcesses:
                 if self._stopping.is_set():  # they end because the plane stops
                     return
                 index = sentinels[cast(int, sentinel)]
+                replaced = self.replaced
                 pauses[index] = self._replace(index, pauses[index])
-                on_metrics_ports(self.metrics_ports)
+                if self.replaced > replaced:
+                    on_replaced(self.metrics_ports)
 
     def _replace(self, index: int, pause: float) -> float:
         """Start a process in place of the ``index``-th, which ended, and let

@@ -23,6 +23,8 @@ from warden_server.app import launch, serve
 from warden_server.plane import Plane
 from warden_server.policy.loader import PolicyLoadError
 
+pytestmark = pytest.mark.fixed_processes  # every test here says how many processes it runs
+
 REVISION_WAIT_S = 10.0
 
 
@@ -81,7 +83,6 @@ def test_a_second_plane_cannot_share_the_port(
         serve(Plane.from_config(config), plant.target)
 
 
-@pytest.mark.fixed_processes
 def test_a_plane_told_to_stop_while_its_processes_start_stops_cleanly(tmp_path: Path) -> None:
     from tests.integration.test_cli import free_port, warden_command, write_config
 
@@ -319,6 +320,8 @@ def test_a_process_that_ends_while_serving_is_replaced(
     assert started != killed
     assert len(processes_answering(plant.target, 2)) == 2, "only one process answers"
     assert f"(pid {killed}) ended with status -9" in caplog.text
+    metrics = plant.server.plane.telemetry.metrics.registry
+    assert metrics.get_sample_value("warden_processes_replaced_total") == 1
 
 
 def test_metrics_count_the_calls_every_process_served(tmp_path: Path, orders_example: Any) -> None:
@@ -382,7 +385,6 @@ def _thread_cpus(pid: int) -> set[frozenset[int]]:
     }
 
 
-@pytest.mark.fixed_processes
 @pytest.mark.parametrize("pin", [True, False])
 def test_with_one_process_per_cpu_each_runs_on_a_cpu_of_its_own(tmp_path: Path, pin: bool) -> None:
     from tests.integration.test_cli import free_port, warden_command, write_config

@@ -121,6 +121,12 @@ class Metrics:
             ["revision"],
             registry=r,
         )
+        self.processes_replaced = Counter(
+            "warden_processes_replaced",
+            "Processes of the plane started in place of one that ended while it served "
+            "([server] processes).",
+            registry=r,
+        )
         self.commit_batch = Histogram(
             "warden_audit_commit_batch_size",
             "Transactions committed together by one fsync (group commit).",
