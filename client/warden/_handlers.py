@@ -8,7 +8,7 @@ for every result. Here a finished handler's result joins its loop's list
 of answers, and only the first answer since the loop last looked wakes it:
 under load, one wake-up hands over many results. With 500 concurrent
 callers the runtime's CPU per call went from 623-661 to 521-583 µs
-(``docs/performance.md``, item 31).
+(``docs/performance.md``, item 32).
 """
 
 from __future__ import annotations
@@ -119,7 +119,9 @@ class _Answers:
     """Results for the futures of one event loop, handed over in batches."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Weakly: a loop that ends (``asyncio.run`` per call, say) is let go,
+        # and with it its entry among the threads' answers.
+        self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._ready: list[_Answer] = []
         self._woken = False
@@ -139,9 +141,10 @@ class _Answers:
             self._ready.append(answer)
             wake = not self._woken
             self._woken = True
-        if wake:
+        loop = self._loop()
+        if wake and loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-                self._loop.call_soon_threadsafe(self._settle)
+                loop.call_soon_threadsafe(self._settle)
 
     def _settle(self) -> None:
         with self._lock:

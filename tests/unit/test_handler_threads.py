@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -121,3 +123,17 @@ def test_shutdown_cancels_calls_not_started_and_refuses_new_ones() -> None:
     while _ours("handlers-shut-down"):
         assert time.monotonic() < deadline, "a handler thread outlived shutdown"
         time.sleep(0.01)
+
+
+def test_a_loop_that_ended_is_let_go(threads: HandlerThreads) -> None:
+    """A caller may run each call in a loop of its own (``asyncio.run``):
+    the threads keep none of them."""
+    ended: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def one_call() -> int:
+        ended.append(weakref.ref(asyncio.get_running_loop()))
+        return await threads.run(lambda: 7)
+
+    assert [asyncio.run(one_call()) for _ in range(3)] == [7, 7, 7]
+    gc.collect()
+    assert [loop() for loop in ended] == [None, None, None]
