@@ -58,8 +58,11 @@ def load_at_start(
 
     A process ``joining`` a plane loads while the plane's first process loads
     and records nothing yet: it announces its set once the first process has
-    recorded its own (``announce_joined``). One that cannot load its set does
-    not start, and the plane with it; the first process records the refusal.
+    recorded its own (``announce_joined``). At the plane's start, one that
+    cannot load its set does not start, and neither does the plane: the first
+    process records the refusal. One started later in place of a process that
+    ended is tried again instead (``processes.py``); hot reload recorded the
+    refusal of the folder it cannot load.
 
     Raises:
         PolicyLoadError: the folder has problems; the plane must not start.
