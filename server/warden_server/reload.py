@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 ReloadResult = Literal["loaded", "rejected", "unchanged"]
 MAX_RECORDED_PROBLEMS_CHARS = 16_000
+WATCH_STEP_MS = 10
+"""How often the folder's watcher looks at its stop signal: the longest a
+plane's shutdown waits for it. Each look is a few microseconds."""
 
 
 def input_schemas(registry: Registry) -> list[InputSchema]:
@@ -195,7 +198,7 @@ class PolicyReloader:
 
     def stopping(self) -> None:
         """Tell the watcher to stop, without waiting: it notices within one
-        step of its poll (50 ms), which the rest of a shutdown can overlap."""
+        step of its poll (``WATCH_STEP_MS``), which the rest of a shutdown can overlap."""
         self._stop.set()
 
     def stop(self) -> None:
@@ -216,7 +219,7 @@ class PolicyReloader:
                     self._directory,
                     watch_filter=ignore,
                     debounce=self._config.server.policy_debounce_ms,
-                    step=min(50, self._config.server.policy_debounce_ms),
+                    step=min(WATCH_STEP_MS, self._config.server.policy_debounce_ms),
                     stop_event=self._stop,
                     raise_interrupt=False,
                 ):
