@@ -161,7 +161,7 @@ answers, not to when gRPC next tries to connect."""
 
 
 def wait_until_serving(
-    target: str, process: subprocess.Popen[bytes] | None = None, seconds: float = 60
+    target: str, process: subprocess.Popen[Any] | None = None, seconds: float = 60
 ) -> None:
     """Poll the health service until it answers SERVING.
 

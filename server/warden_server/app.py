@@ -210,6 +210,10 @@ def launch(config: Config, *, cpus: Sequence[int] | None = None) -> Server:
         PolicyLoadError: the policy folder has problems.
         ValueError, OSError, StoreError: as ``Plane.from_config`` and ``serve``.
     """
+    # An address another program holds fails the start here, before a key
+    # file is written or a process started.
+    _claim(config.server.listen)
+    _check_metrics_address(config.telemetry.metrics_listen)
     secrets = ProcessSecrets.from_config(config)
     others = (
         start_others(config, config.server.listen, secrets, cpus=cpus)
@@ -517,6 +521,28 @@ def _claim(listen: str) -> None:
                 raise OSError(
                     f"cannot listen on {listen}: the address is in use or not available"
                 ) from None
+
+
+def _check_metrics_address(listen: str | None) -> None:
+    """Fail when ``/metrics`` could not be served on ``listen``, as
+    ``_claim`` does for the plane's port; the endpoint itself binds it once
+    the plane serves.
+
+    Raises:
+        MetricsUnavailable: the address is in use, not available or not one.
+    """
+    if not listen or listen.rpartition(":")[2] == "0":
+        return
+    host, _, port = listen.rpartition(":")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or "127.0.0.1", int(port), type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except (OSError, ValueError) as exc:
+        raise MetricsUnavailable(listen, exc) from None
 
 
 def _hold(listen: str) -> tuple[list[socket.socket], str]:

@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import warden
+from benchmarks import free_port, wait_until_serving
 from tests.conftest import ACTOR_SECRET, EXAMPLE_POLICIES, Plant
 from warden_server.auth.actors import ActorVerifier
 from warden_server.cli import main
@@ -80,12 +81,6 @@ def run(*args: str) -> Result:
 def warden_command() -> list[str]:
     """The CLI as a real process (``python -m warden_server.cli`` runs ``main``)."""
     return [sys.executable, "-m", "warden_server.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- token mint ----------------------------------------------------------------------
@@ -209,11 +204,11 @@ def test_serve_is_healthy_reflects_its_services_and_stops_cleanly_on_sigterm(
     channel = grpc.insecure_channel(target)
     try:
         try:
-            grpc.channel_ready_future(channel).result(timeout=30)
-        except grpc.FutureTimeoutError:
+            wait_until_serving(target, process, seconds=30)
+        except (RuntimeError, grpc.RpcError):
             process.kill()
             _, stderr = process.communicate(timeout=10)
-            pytest.fail(f"warden serve never listened on {target}:\n{stderr}")
+            pytest.fail(f"warden serve never served on {target}:\n{stderr}")
 
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "warden.v1.Governor", "warden.v1.Registry"):
@@ -298,6 +293,7 @@ def test_serve_on_an_address_another_plane_holds_fails_instead_of_sharing_it(
     assert process.returncode != 0
     assert plant.target in stderr
     assert "Traceback" not in stderr
+    assert not (config_path.parent / "var").exists(), "it wrote key files before failing"
 
 
 @pytest.mark.fixed_processes
@@ -374,16 +370,12 @@ def serve_until_ready(
         text=True,
     )
     processes.append(process)
-    with grpc.insecure_channel(target) as channel:
-        ready = grpc.channel_ready_future(channel)
-        while process.poll() is None:
-            try:
-                ready.result(timeout=0.2)
-            except grpc.FutureTimeoutError:
-                continue
-            process.send_signal(signal.SIGTERM)
-            break
-        ready.cancel()
+    try:
+        wait_until_serving(target, process, seconds=30)
+    except RuntimeError:
+        pass  # it stopped by itself
+    else:
+        process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=30)
     return process.returncode, stderr
 
@@ -408,6 +400,7 @@ def test_serve_moves_metrics_off_a_taken_port_with_metrics_listen(
             "--metrics-listen HOST:PORT, or turn it off with --metrics-listen off"
         )
         assert "Traceback" not in stderr
+        assert not (config_path.parent / "var").exists(), "it wrote key files before failing"
 
         moved = f"127.0.0.1:{free_port()}"
         code, stderr = serve_until_ready(processes, config_path, "--metrics-listen", moved)
@@ -442,7 +435,9 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
 def http_port() -> Iterator[str]:
     """A port that answers HTTP, as the plane's metrics port does, but not gRPC."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     yield f"127.0.0.1:{server.server_address[1]}"
     server.shutdown()
@@ -714,7 +709,10 @@ def every_command(
 ) -> Iterator[tuple[tuple[str, ...], click.Command]]:
     yield path, command
     if isinstance(command, click.Group):
-        for name, sub in sorted(command.commands.items()):
+        context = click.Context(command)
+        for name in sorted(command.list_commands(context)):
+            sub = command.get_command(context, name)
+            assert sub is not None, name
             yield from every_command(sub, (*path, name))
 
 
