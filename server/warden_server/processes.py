@@ -50,6 +50,7 @@ import json
 import logging
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import signal
 import sys
 import threading
@@ -85,6 +86,12 @@ class ProcessStartError(OSError):
 
 _FORKSERVER = multiprocessing.get_context("forkserver")
 _FORKSERVER.set_forkserver_preload(["warden_server.app", "warden_server.plane"])
+
+
+def start_forkserver() -> None:
+    """Start the server the joining processes are forked from, unless it runs:
+    it imports the plane (most of a second) while the caller goes on."""
+    multiprocessing.forkserver.ensure_running()
 
 
 def freeze_what_is_loaded() -> None:

@@ -708,7 +708,7 @@ def test_cli_list_says_why_it_lists_nothing(lab_rt: warden.Runtime, lab_plant: P
 @pytest.mark.fixed_processes
 def test_every_approvals_command_is_documented() -> None:
     guide = (ROOT / "docs" / "approvals.md").read_text()
-    group = main.commands["approvals"]
+    group = main.get_command(click.Context(main), "approvals")
     assert isinstance(group, click.Group)
     for name, command in group.commands.items():
         assert f"warden approvals {name}" in guide, name

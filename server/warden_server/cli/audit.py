@@ -471,3 +471,9 @@ def _stats_table(stats: Stats) -> None:
         for r in stats.rows
     ]
     _table((stats.by, "count", "share", "per_min"), rows)
+
+
+# ``audit tail`` lives in a module of its own, which builds on the options above.
+from warden_server.cli.audit_tail import audit_tail  # noqa: E402
+
+audit.add_command(audit_tail)

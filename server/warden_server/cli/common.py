@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import grpc
 
-from warden.shared.reach import NO_PLANE, unreachable
-from warden.shared.tls import TLS, TLSConfigError, credentials_of
 from warden_server.config import STORE_SCHEMES, Config, ConfigError, load_config
-from warden_server.store import SQLiteStore, Store, StoreError
-from warden_server.store import open_store as connect_store
+
+if TYPE_CHECKING:
+    import grpc
+
+    from warden_server.store import SQLiteStore, Store
+
+# gRPC, the SDK and the stores are imported by the functions that use them:
+# `warden serve` reads its config with this module before it imports the
+# plane, and starts its other processes meanwhile (serve.py).
 
 CONFIG_OPTION = click.option(
     "--config",
@@ -73,6 +78,9 @@ def open_store(config_path: str, store: str | None) -> Store:
 
 
 def _open_postgres(url: str, files: Path) -> Store:
+    from warden_server.store import StoreError
+    from warden_server.store import open_store as connect_store
+
     try:
         return connect_store(url, files)
     except StoreError as exc:
@@ -81,6 +89,8 @@ def _open_postgres(url: str, files: Path) -> Store:
 
 def open_store_file(path: Path) -> SQLiteStore:
     """The store at ``path``; it must exist."""
+    from warden_server.store import SQLiteStore, StoreError
+
     if not path.exists():
         raise click.ClickException(f"{path}: no such store")
     try:
@@ -92,6 +102,8 @@ def open_store_file(path: Path) -> SQLiteStore:
 def tls_credentials() -> grpc.ChannelCredentials | None:
     """TLS for ``--target`` connections, from WARDEN_TLS_CA_FILE, WARDEN_TLS_CERT_FILE
     and WARDEN_TLS_KEY_FILE; None (plaintext) when none is set."""
+    from warden.shared.tls import TLS, TLSConfigError, credentials_of
+
     try:
         return credentials_of(TLS.from_environ(os.environ))
     except TLSConfigError as exc:
@@ -104,6 +116,8 @@ def plane_refused(target: str, status: str, message: str) -> click.ClickExceptio
     Every command words both the same way: ``no plane at TARGET: why`` when
     the call reached none, else ``TARGET answered STATUS: message``.
     """
+    from warden.shared.reach import NO_PLANE
+
     if message.startswith(NO_PLANE):
         return click.ClickException(message)
     return click.ClickException(f"{target} answered {status}: {message}")
@@ -111,6 +125,10 @@ def plane_refused(target: str, status: str, message: str) -> click.ClickExceptio
 
 def rpc_refused(target: str, exc: grpc.RpcError) -> click.ClickException:
     """``plane_refused`` for a failed gRPC call."""
+    import grpc
+
+    from warden.shared.reach import unreachable
+
     code = exc.code() if isinstance(exc, grpc.Call) else None
     details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
     message = unreachable(target, code, details) or details

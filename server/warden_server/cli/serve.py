@@ -10,9 +10,6 @@ from typing import Any, Literal
 import click
 
 from warden_server.cli.common import CONFIG_OPTION, load
-from warden_server.policy.loader import PolicyLoadError
-from warden_server.store import StoreError
-from warden_server.telemetry.logs import configure_logging
 
 
 @click.command()
@@ -54,10 +51,6 @@ def serve(
     log_format: Literal["text", "json"] | None,
 ) -> None:
     """Serve the plane until interrupted."""
-    from warden_server.app import MetricsUnavailable, Server, launch
-    from warden_server.placement import cpus_for
-    from warden_server.processes import freeze_what_is_loaded
-
     # Paths given on the command line are relative to where the command runs.
     config = load(
         config_path,
@@ -75,6 +68,19 @@ def serve(
     # joining processes on theirs, a count by CPU affinity would see one.
     counted = config.server.model_copy(update={"processes": config.process_count})
     config = config.model_copy(update={"server": counted})
+    if config.process_count > 1:
+        # The other processes are forked from a server that imports the plane
+        # first: started now, it imports while this process does.
+        from warden_server.processes import start_forkserver
+
+        start_forkserver()
+    from warden_server.app import MetricsUnavailable, Server, launch
+    from warden_server.placement import cpus_for
+    from warden_server.policy.loader import PolicyLoadError
+    from warden_server.processes import freeze_what_is_loaded
+    from warden_server.store import StoreError
+    from warden_server.telemetry.logs import configure_logging
+
     configure_logging(log_level, log_format or config.telemetry.log_format)
     freeze_what_is_loaded()
     # Asked to stop while still starting (the policy sets load, the other
