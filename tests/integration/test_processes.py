@@ -105,7 +105,8 @@ def test_a_plane_told_to_stop_while_its_processes_start_stops_cleanly(tmp_path: 
     )
     try:
         deadline = time.monotonic() + 30
-        while len(process_tree(process.pid)) < 3:  # the second process is on its way
+        # warden serve, the resource tracker, the forkserver, and the second process
+        while len(process_tree(process.pid)) < 4:
             assert process.poll() is None, process.communicate()[1]
             assert time.monotonic() < deadline, "no second process started"
             time.sleep(0.01)

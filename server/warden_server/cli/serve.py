@@ -5,11 +5,14 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
 from warden_server.cli.common import CONFIG_OPTION, load
+
+if TYPE_CHECKING:
+    from warden_server.app import Server
 
 
 @click.command()
@@ -68,24 +71,9 @@ def serve(
     # joining processes on theirs, a count by CPU affinity would see one.
     counted = config.server.model_copy(update={"processes": config.process_count})
     config = config.model_copy(update={"server": counted})
-    if config.process_count > 1:
-        # The other processes are forked from a server that imports the plane
-        # first: started now, it imports while this process does.
-        from warden_server.processes import start_forkserver
-
-        start_forkserver()
-    from warden_server.app import MetricsUnavailable, Server, launch
-    from warden_server.placement import cpus_for
-    from warden_server.policy.loader import PolicyLoadError
-    from warden_server.processes import freeze_what_is_loaded
-    from warden_server.store import StoreError
-    from warden_server.telemetry.logs import configure_logging
-
-    configure_logging(log_level, log_format or config.telemetry.log_format)
-    freeze_what_is_loaded()
-    # Asked to stop while still starting (the policy sets load, the other
-    # processes start): stop as soon as serving has begun, rather than die
-    # half-started.
+    # Asked to stop while still starting (the plane imports, the policy sets
+    # load, the other processes start): stop as soon as serving has begun,
+    # rather than die half-started.
     stopping = threading.Event()
     running: list[Server] = []
 
@@ -97,6 +85,21 @@ def serve(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if config.process_count > 1:
+        # The other processes are forked from a server that imports the plane
+        # first: started now, it imports while this process does.
+        from warden_server.processes import start_forkserver
+
+        start_forkserver()
+    from warden_server.app import MetricsUnavailable, launch
+    from warden_server.placement import cpus_for
+    from warden_server.policy.loader import PolicyLoadError
+    from warden_server.processes import freeze_what_is_loaded
+    from warden_server.store import StoreError
+    from warden_server.telemetry.logs import configure_logging
+
+    configure_logging(log_level, log_format or config.telemetry.log_format)
+    freeze_what_is_loaded()
     cpus = cpus_for(config.process_count, pin=config.server.pin_processes)
     try:
         server = launch(config, cpus=cpus)
