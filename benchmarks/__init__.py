@@ -153,8 +153,9 @@ PROBE_OPTIONS = (
     # 1.6 s, then 2.6 s between attempts to connect to a port nobody listens on
     # yet: a plane serving at 2.2 s would be seen at 2.6 s, one at 2.7 s at 5.2 s.
     ("grpc.initial_reconnect_backoff_ms", 10),
-    ("grpc.min_reconnect_backoff_ms", 10),
     ("grpc.max_reconnect_backoff_ms", 50),
+    # Not grpc.min_reconnect_backoff_ms, which also bounds how long a connection
+    # attempt may last (warden._transport.CHANNEL_OPTIONS).
 )
 """The health probe's channel options: a restart is timed to when the plane
 answers, not to when gRPC next tries to connect."""

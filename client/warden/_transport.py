@@ -39,9 +39,11 @@ T = TypeVar("T")
 
 CHANNEL_OPTIONS = (
     # A plane that restarts is back within moments: reconnect on that scale,
-    # not after gRPC's default backoff of a second and more.
+    # not after gRPC's default backoff of a second and more. Not
+    # grpc.min_reconnect_backoff_ms: gRPC also takes it as the time a
+    # connection attempt may last, and a busy plane that took longer than
+    # that to answer a new connection failed the call at once.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
     # A runtime keeps a connection of its own. gRPC otherwise shares one
     # between every channel to the same target in a process, and a plane of
