@@ -188,6 +188,40 @@ def test_python_dash_m_runs_the_cli() -> None:
     assert "Usage:" in done.stdout and "serve" in done.stdout
 
 
+CHECK_IMPORTS = """
+import sys
+from click.testing import CliRunner
+from warden_server.cli import main
+result = CliRunner().invoke(main, ["token", "mint", "--help"])
+assert result.exit_code == 0, result.output
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.fixed_processes
+def test_a_command_imports_its_own_module_and_not_the_plane() -> None:
+    """A command's module is imported when it runs (warden_server.cli.COMMANDS):
+    `warden token` does not pay for importing the plane, gRPC or the stores."""
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK_IMPORTS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert "warden_server.cli.token" in loaded
+    assert not loaded & {
+        "warden_server.cli.serve",
+        "warden_server.cli.audit",
+        "warden_server.app",
+        "warden_server.plane",
+        "warden_server.store",
+        "grpc",
+    }
+
+
 @pytest.mark.fixed_processes
 def test_serve_is_healthy_reflects_its_services_and_stops_cleanly_on_sigterm(
     tmp_path: Path, processes: list[subprocess.Popen[str]]
