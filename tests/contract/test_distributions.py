@@ -37,8 +37,22 @@ def distribution_of_files() -> dict[str, str]:
     """Installed module paths (``google/protobuf/timestamp_pb2.py``) and their distribution."""
     owners = {}
     for dist in importlib.metadata.distributions():
+        name = normalized(dist.metadata["Name"])  # parsed from the file at each reading
         for file in dist.files or ():
-            owners[file.as_posix()] = normalized(dist.metadata["Name"])
+            owners[file.as_posix()] = name
+    return owners
+
+
+@cache
+def distributions_of_folders() -> dict[str, set[str]]:
+    """Each folder of installed files (``google/protobuf``), and the distributions
+    with files under it."""
+    owners: dict[str, set[str]] = {}
+    for path, dist in distribution_of_files().items():
+        folder = path
+        while "/" in folder:
+            folder = folder.rpartition("/")[0]
+            owners.setdefault(folder, set()).add(dist)
     return owners
 
 
@@ -51,9 +65,9 @@ def distribution_of(module: str) -> str | None:
         for path in (f"{base}.py", f"{base}/__init__.py"):
             if path in distribution_of_files():
                 return distribution_of_files()[path]
-        owners = {d for p, d in distribution_of_files().items() if p.startswith(f"{base}/")}
+        owners = distributions_of_folders().get(base, set())
         if len(owners) == 1:
-            return owners.pop()
+            return next(iter(owners))
     return None
 
 
