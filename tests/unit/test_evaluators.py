@@ -118,7 +118,9 @@ bools = st.recursive(
         st.tuples(ints, st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), ints).map(
             lambda t: f"{t[0]} {t[1]} {t[2]}"
         ),
-        st.tuples(strings, strings).map(lambda t: f"{t[0]}.startsWith({t[1]})"),
+        st.tuples(strings, st.sampled_from(["startsWith", "endsWith", "contains"]), strings).map(
+            lambda t: f"{t[0]}.{t[1]}({t[2]})"
+        ),
         st.tuples(strings, strings).map(lambda t: f"{t[0]} == {t[1]}"),
         st.tuples(ints).map(lambda t: f"{t[0]} in [1, 2, 500]"),
         st.tuples(strings).map(lambda t: f"size({t[0]}) > 3"),
@@ -162,6 +164,19 @@ def _env_with(evaluator: CelCppEvaluator, names: tuple[str, ...]) -> Any:
 
     declared = dict.fromkeys(("input", *names), cel.Type.DYN)
     return cel.NewEnv(variables=declared)
+
+
+def test_a_string_made_by_concatenation_has_the_methods_of_a_string() -> None:
+    # cel-python once made ``s + "x"`` a plain Python string, without CEL's
+    # ``contains``: "no such overload" where the C++ runtime answers true.
+    # Found by the typed-policies property test; the generated expressions
+    # above now call ``contains`` too.
+    values = {"input": {}, "x": 0, "y": 0, "s": "bot-7"}
+    fast = CelCppEvaluator()
+    fast._env = _env_with(fast, ("x", "y", "s"))
+    for expression in ('(s + "x").contains("7x")', 'type(s + "x") == string'):
+        assert outcome(CelPythonEvaluator(), expression, values) is True, expression
+        assert outcome(fast, expression, values) is True, expression
 
 
 def test_a_known_disagreement_on_error_absorption_is_kept_in_view() -> None:

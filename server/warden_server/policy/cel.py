@@ -138,6 +138,29 @@ class _CelProgram:
         return _to_python(value)
 
 
+def _add(left: Any, right: Any) -> Any:
+    """CEL's ``+``, its result of the CEL type of its operands.
+
+    cel-python adds with Python's ``+``, which makes ``"a" + "b"`` a plain
+    ``str`` (and lists and bytes alike): a value without the CEL type's
+    methods, so ``("a" + "b").contains("b")`` failed with "no such overload"
+    where CEL answers true.
+    """
+    total = left + right
+    kind = type(total)
+    if kind is str:
+        return celtypes.StringType(total)
+    if kind is list:
+        return celtypes.ListType(total)
+    if kind is bytes:
+        return celtypes.BytesType(total)
+    return total
+
+
+_FUNCTIONS = {"_+_": _add}
+"""cel-python's own functions, corrected where they differ from CEL."""
+
+
 class CelPythonEvaluator:
     """The reference evaluator: cel-python's interpreter.
 
@@ -162,7 +185,7 @@ class CelPythonEvaluator:
             ) from None
         except RecursionError:
             raise CompileError("expression nests too deeply to parse") from None
-        return _CelProgram(self._env.program(tree), tree)
+        return _CelProgram(self._env.program(tree, functions=_FUNCTIONS), tree)
 
     def activation(
         self, variables: Mapping[str, Any], base: Activation | None = None
