@@ -166,15 +166,21 @@ def _env_with(evaluator: CelCppEvaluator, names: tuple[str, ...]) -> Any:
     return cel.NewEnv(variables=declared)
 
 
-def test_a_string_made_by_concatenation_has_the_methods_of_a_string() -> None:
+def test_arithmetic_keeps_the_cel_type_of_its_operands() -> None:
     # cel-python once made ``s + "x"`` a plain Python string, without CEL's
-    # ``contains``: "no such overload" where the C++ runtime answers true.
-    # Found by the typed-policies property test; the generated expressions
-    # above now call ``contains`` too.
+    # ``contains``: "no such overload" where the C++ runtime answers true;
+    # doubles, lists and bytes lost their CEL type alike. Found by the
+    # typed-policies property test; the generated expressions above now call
+    # ``contains`` too.
     values = {"input": {}, "x": 0, "y": 0, "s": "bot-7"}
     fast = CelCppEvaluator()
     fast._env = _env_with(fast, ("x", "y", "s"))
-    for expression in ('(s + "x").contains("7x")', 'type(s + "x") == string'):
+    for expression in (
+        '(s + "x").contains("7x")',
+        'type(s + "x") == string',
+        "type(2.5 - 1.0) == double && type(2.5 * 2.0) == double",
+        'type([s] + ["x"]) == list && type(b"a" + b"b") == bytes',
+    ):
         assert outcome(CelPythonEvaluator(), expression, values) is True, expression
         assert outcome(fast, expression, values) is True, expression
 

@@ -7,8 +7,9 @@ implementing ``Evaluator`` and passing the policy test suite identically.
 from __future__ import annotations
 
 import logging
+import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -138,26 +139,38 @@ class _CelProgram:
         return _to_python(value)
 
 
-def _add(left: Any, right: Any) -> Any:
-    """CEL's ``+``, its result of the CEL type of its operands.
+_CEL_TYPES: dict[type, Callable[[Any], Any]] = {
+    str: celtypes.StringType,
+    list: celtypes.ListType,
+    bytes: celtypes.BytesType,
+    float: celtypes.DoubleType,
+}
 
-    cel-python adds with Python's ``+``, which makes ``"a" + "b"`` a plain
-    ``str`` (and lists and bytes alike): a value without the CEL type's
-    methods, so ``("a" + "b").contains("b")`` failed with "no such overload"
-    where CEL answers true.
+
+def _typed(operation: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A CEL operator whose result has the CEL type of its operands.
+
+    cel-python applies Python's ``+``, ``-`` and ``*``, which make ``"a" + "b"``
+    a plain ``str`` (and lists, bytes and doubles alike): a value without the
+    CEL type's methods, so ``("a" + "b").contains("b")`` failed with "no such
+    overload", and ``type(2.5 - 1.0) == double`` was false, where CEL answers
+    true to both.
     """
-    total = left + right
-    kind = type(total)
-    if kind is str:
-        return celtypes.StringType(total)
-    if kind is list:
-        return celtypes.ListType(total)
-    if kind is bytes:
-        return celtypes.BytesType(total)
-    return total
+
+    def apply(left: Any, right: Any) -> Any:
+        result = operation(left, right)
+        cel_type = _CEL_TYPES.get(type(result))
+        return result if cel_type is None else cel_type(result)
+
+    apply.__name__ = operation.__name__
+    return apply
 
 
-_FUNCTIONS = {"_+_": _add}
+_FUNCTIONS = {
+    "_+_": _typed(operator.add),
+    "_-_": _typed(operator.sub),
+    "_*_": _typed(operator.mul),
+}
 """cel-python's own functions, corrected where they differ from CEL."""
 
 
