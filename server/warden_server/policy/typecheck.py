@@ -20,6 +20,7 @@ Constant sub-expressions are evaluated once here: one that always fails
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -176,7 +177,6 @@ class TypeChecker:
         self._typed: dict[tuple[str, str, int], _Typed] = {}
         self._untyped: _Typed | None = None
         self._counter = itertools.count(1)
-        self._constant_env = cel.NewEnv()
         self._clean: set[tuple[str, str, str]] = set()
         """(text, kind, schema shape) found well-typed: capabilities that share
         an input schema need the check once."""
@@ -189,7 +189,6 @@ class TypeChecker:
         other._typed = {}
         other._untyped = None
         other._counter = self._counter
-        other._constant_env = self._constant_env
         other._clean = set()
         return other
 
@@ -212,7 +211,7 @@ class TypeChecker:
                     seen.add((problem.line, problem.column))
                     problems.append(problem)
         if not problems:
-            problems.extend(constant_failures(text, self._constant_env))
+            problems.extend(constant_failures(text))
         return problems
 
     def result_type(self, text: str, schemas: Sequence[InputSchema]) -> Any:
@@ -772,23 +771,29 @@ _EXPRESSION_NODES: Final = frozenset(
 _parser = celpy.Environment()
 
 
-def constant_failures(text: str, env: Any) -> list[TypeProblem]:
+def constant_failures(text: str) -> list[TypeProblem]:
     """Sub-expressions that read no variable and fail whenever evaluated, and
     ``matches`` patterns that are not valid regular expressions.
 
     They depend on the text alone, and a large set repeats its conditions
-    across namespaces: each text is parsed once per ``env`` (a checker's)."""
-    key = (id(env), text)
-    found = _CONSTANT_FAILURES.get(key)
+    across namespaces, as successive loads of a folder repeat most of them:
+    each text is parsed once per process."""
+    found = _CONSTANT_FAILURES.get(text)
     if found is None:
         if len(_CONSTANT_FAILURES) >= 65_536:
             _CONSTANT_FAILURES.clear()
-        found = _CONSTANT_FAILURES[key] = (env, tuple(_constant_failures(text, env)))
-    return list(found[1])
+        found = _CONSTANT_FAILURES[text] = tuple(_constant_failures(text, _constant_env()))
+    return list(found)
 
 
-_CONSTANT_FAILURES: dict[tuple[int, str], tuple[Any, tuple[TypeProblem, ...]]] = {}
-"""Each entry keeps its ``env`` alive, so an id is never reused while cached."""
+_CONSTANT_FAILURES: dict[str, tuple[TypeProblem, ...]] = {}
+
+
+@functools.cache
+def _constant_env() -> Any:
+    """An environment that declares nothing, where constant expressions are
+    evaluated (made once: the first environment costs about 40 ms)."""
+    return cel.NewEnv()
 
 
 def _constant_failures(text: str, env: Any) -> list[TypeProblem]:
