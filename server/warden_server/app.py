@@ -255,15 +255,14 @@ class Others:
 def start_others(
     config: Config, listen: str, secrets: ProcessSecrets, *, cpus: Sequence[int] | None = None
 ) -> Others:
-    """Claim ``listen`` and start the ``config.process_count - 1`` processes
-    that join the first in serving it (on ``cpus[1:]``, when given); they load
-    while the first goes on, and listen when ``serve`` says.
+    """Hold ``listen`` (which ``_claim`` found free) and start the
+    ``config.process_count - 1`` processes that join the first in serving it
+    (on ``cpus[1:]``, when given); they load while the first goes on, and
+    listen when ``serve`` says.
 
     Raises:
-        OSError: the address is in use or not available, or a process cannot
-            be started.
+        OSError: the address is not available, or a process cannot be started.
     """
-    _claim(listen)
     held, listen = _hold(listen)
     try:
         joined = JoinedProcesses.start(
@@ -306,10 +305,10 @@ def serve(
     if cpus:
         pin_to(cpus[0])
     if processes > 1 and not plane.joined and others is None:
+        address = listen or plane.config.server.listen
         try:
-            others = start_others(
-                plane.config, listen or plane.config.server.listen, plane.secrets(), cpus=cpus
-            )
+            _claim(address)
+            others = start_others(plane.config, address, plane.secrets(), cpus=cpus)
         except OSError:
             plane.close()
             raise
