@@ -532,10 +532,10 @@ def _check_metrics_address(listen: str | None) -> None:
     """
     if not listen or listen.rpartition(":")[2] == "0":
         return
-    host, _, port = listen.rpartition(":")
+    host = listen.rpartition(":")[0]
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
-            host or "127.0.0.1", int(port), type=socket.SOCK_STREAM
+            host or "127.0.0.1", _port(listen), type=socket.SOCK_STREAM
         )[0]
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -578,15 +578,27 @@ def _addresses(listen: str) -> list[tuple[socket.AddressFamily, socket.SocketKin
     Raises:
         OSError: the host does not resolve, or the port is not a number.
     """
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 (an empty host binds every address)
+    host = listen.rpartition(":")[0].strip("[]") or "0.0.0.0"  # noqa: S104 (every address)
     try:
         found = socket.getaddrinfo(
-            host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            host, _port(listen), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )
     except (OSError, ValueError) as exc:
         raise OSError(f"cannot listen on {listen}: {exc}") from None
     return [(family, kind, proto, address) for family, kind, proto, _, address in found]
+
+
+def _port(listen: str) -> int:
+    """The port of ``host:port``. The resolver would take any number, 99999
+    as 34463.
+
+    Raises:
+        ValueError: it is not a number from 0 to 65535.
+    """
+    port = listen.rpartition(":")[2]
+    if not (port.isdigit() and int(port) <= 65_535):
+        raise ValueError("not HOST:PORT with a port from 0 to 65535")
+    return int(port)
 
 
 def _retention(plane: Plane) -> RetentionScheduler | None:

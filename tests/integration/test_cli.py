@@ -331,18 +331,30 @@ def test_serve_on_an_address_another_plane_holds_fails_instead_of_sharing_it(
 
 
 @pytest.mark.fixed_processes
-def test_serve_with_an_unusable_listen_address_is_a_clear_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("option", "address", "said"),
+    [
+        ("--listen", "nonsense", "cannot listen on nonsense"),
+        # The resolver takes any number: 99999 would have been port 34463.
+        ("--listen", "127.0.0.1:99999", "cannot listen on 127.0.0.1:99999"),
+        ("--metrics-listen", "127.0.0.1:99999", "cannot serve metrics on 127.0.0.1:99999"),
+    ],
+)
+def test_serve_with_an_unusable_listen_address_is_a_clear_error(
+    tmp_path: Path, option: str, address: str, said: str
+) -> None:
     config_path = write_config(tmp_path / "cli")
     done = subprocess.run(
-        [*warden_command(), "serve", "--config", str(config_path), "--listen", "nonsense"],
+        [*warden_command(), "serve", "--config", str(config_path), option, address],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 1
-    assert "nonsense" in done.stderr
+    assert f"Error: {said}: not HOST:PORT with a port from 0 to 65535" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+    assert not (config_path.parent / "var").exists(), "it wrote key files before failing"
 
 
 def store_that_is_not_a_file(path: Path) -> Path:
