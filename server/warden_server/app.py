@@ -325,17 +325,7 @@ def serve(
         raise
     if others is not None:
         others.release()  # this process listens on the port now
-    metrics_listen = plane.config.telemetry.metrics_listen
-    if metrics_listen and plane.joined:
-        metrics_listen = "127.0.0.1:0"  # read by the first process, which serves the sum
-    try:
-        metrics_port = plane.telemetry.serve_metrics(metrics_listen) if metrics_listen else None
-    except (OSError, ValueError) as exc:
-        if others is not None:
-            others.stop()
-        plane.close()
-        loop.close()
-        raise MetricsUnavailable(metrics_listen or "", exc) from None
+    metrics_port = _serve_metrics(plane, loop, others)
     running = _started(
         plane,
         loop,
@@ -348,7 +338,7 @@ def serve(
     if others is not None:
         try:
             others.joined.serving()
-        except OSError:
+        except BaseException:
             running.stop(grace=0)
             raise
         plane.telemetry.peer_metrics_ports = others.joined.metrics_ports
@@ -370,6 +360,30 @@ def serve(
         processes,
     )
     return running
+
+
+def _serve_metrics(plane: Plane, loop: ServerLoop, others: Others | None) -> int | None:
+    """Serve ``/metrics`` where the config says (a joining process: on a
+    loopback port, which the first process reads); its port.
+
+    Raises:
+        MetricsUnavailable: the address cannot be served. Whatever fails, the
+            plane's other processes stop first: left waiting to be told to
+            stop, they would hold this one at its exit.
+    """
+    listen = plane.config.telemetry.metrics_listen
+    if listen and plane.joined:
+        listen = "127.0.0.1:0"  # read by the first process, which serves the sum
+    try:
+        return plane.telemetry.serve_metrics(listen) if listen else None
+    except BaseException as exc:
+        if others is not None:
+            others.stop()
+        plane.close()
+        loop.close()
+        if isinstance(exc, OSError | ValueError):
+            raise MetricsUnavailable(listen or "", exc) from None
+        raise
 
 
 def _started(

@@ -185,6 +185,42 @@ def test_a_plane_whose_policy_set_is_broken_leaves_no_process_behind(tmp_path: P
     assert not left, "a process that joined the plane outlived its failed start"
 
 
+def test_a_start_that_fails_unexpectedly_after_the_others_listen_leaves_no_process_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure no one designed for (here, an error from the metrics
+    endpoint that is no OSError) still stops the processes that joined. Left
+    running, they would hold the first process at its exit, where
+    multiprocessing waits for them while the failed start's objects (and the
+    pipes they watch) are still held, as ``started`` holds them here."""
+    from warden_server.processes import JoinedProcesses
+    from warden_server.telemetry import Telemetry
+
+    def broken(self: Telemetry, listen: str) -> int:
+        raise RuntimeError("the metrics endpoint broke")
+
+    started: list[JoinedProcesses] = []
+    start = JoinedProcesses.start
+
+    def kept(*args: Any, **kwargs: Any) -> JoinedProcesses:
+        started.append(start(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(Telemetry, "serve_metrics", broken)
+    monkeypatch.setattr(JoinedProcesses, "start", kept)
+    config = make_config(tmp_path, processes=2)
+    config = config.model_copy(
+        update={"telemetry": config.telemetry.model_copy(update={"metrics_listen": "127.0.0.1:0"})}
+    )
+    before = _grandchildren()
+    with pytest.raises(RuntimeError, match="the metrics endpoint broke"):
+        launch(config)
+    deadline = time.monotonic() + 10
+    while (left := _grandchildren() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, "a process that joined the plane outlived its failed start"
+
+
 def _grandchildren() -> set[int]:
     """The processes this one's children started: joining processes come from
     the forkserver, which this process started."""
