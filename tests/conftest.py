@@ -198,6 +198,19 @@ class Plant:
         rows = self.rows()
         return [r for r in rows if all(r[k] == v for k, v in where.items())]
 
+    def rpc_calls(self, method: str) -> float:
+        """Calls of ``method`` (``warden.v1.Governor/Complete``) answered by this
+        plane's first process: the whole plane in a test marked ``single_process``."""
+        total = 0.0
+        for family in self.server.plane.telemetry.metrics.registry.collect():
+            for sample in family.samples:
+                if (
+                    sample.name == "warden_rpc_duration_seconds_count"
+                    and sample.labels.get("method") == method
+                ):
+                    total += sample.value
+        return total
+
 
 def _reports_waiting(outbox: Path, target: str) -> int:
     conn = sqlite3.connect(outbox, timeout=10)

@@ -22,23 +22,10 @@ import warden
 from tests.conftest import ORDERS_TOKEN, ROOT, Plant
 from tests.integration.lab import Lab, build_lab
 from warden import _outbox
-from warden_server.telemetry.metrics import Metrics
 
 CALLS = 40
 COMPLETE = "warden.v1.Governor/Complete"
 COMPLETE_MANY = "warden.v1.Governor/CompleteMany"
-
-
-def calls_of(metrics: Metrics, method: str) -> float:
-    total = 0.0
-    for family in metrics.registry.collect():
-        for sample in family.samples:
-            if (
-                sample.name == "warden_rpc_duration_seconds_count"
-                and sample.labels.get("method") == method
-            ):
-                total += sample.value
-    return total
 
 
 async def invoke_at_once(rt: warden.Runtime, token: str, calls: int) -> list[warden.Envelope]:
@@ -53,7 +40,6 @@ async def invoke_at_once(rt: warden.Runtime, token: str, calls: int) -> list[war
 def test_reports_due_together_are_sent_in_few_calls_and_each_is_recorded_once(
     lab_plant: Plant, lab: Lab
 ) -> None:
-    metrics = lab_plant.server.plane.telemetry.metrics
     rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
     try:
         rt.register()
@@ -67,8 +53,8 @@ def test_reports_due_together_are_sent_in_few_calls_and_each_is_recorded_once(
         (decision,) = lab_plant.events(kind="decision", invocation_id=envelope.invocation_id)
         # Each report carried its own invocation's trace through the batch.
         assert outcome["trace_id"] == decision["trace_id"] is not None
-    assert calls_of(metrics, COMPLETE) == 0
-    assert 1 <= calls_of(metrics, COMPLETE_MANY) < CALLS
+    assert lab_plant.rpc_calls(COMPLETE) == 0
+    assert 1 <= lab_plant.rpc_calls(COMPLETE_MANY) < CALLS
 
 
 @pytest.mark.single_process  # counts the calls one process's metrics saw
@@ -80,19 +66,18 @@ def test_the_reports_of_calls_made_one_after_another_go_together(
     CompleteMany call instead of one call and one commit each."""
     monkeypatch.setattr(_outbox, "REPORT_DELAY_S", 3.0)
     wakes = count_wakes(monkeypatch)
-    metrics = lab_plant.server.plane.telemetry.metrics
     rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
     try:
         rt.register()
         envelopes = [rt.invoke("orders.echo", {"n": n}, actor=lab_plant.token()) for n in range(8)]
-        assert calls_of(metrics, COMPLETE_MANY) == 0  # still waiting for company
+        assert lab_plant.rpc_calls(COMPLETE_MANY) == 0  # still waiting for company
         # Only the first report woke the outbox's thread; the others joined its wait.
         assert wakes == [1]
         assert rt.flush(timeout_ms=10_000) == 0
     finally:
         rt.close()
     assert [e.status for e in envelopes] == ["succeeded"] * 8
-    assert calls_of(metrics, COMPLETE_MANY) == 1
+    assert lab_plant.rpc_calls(COMPLETE_MANY) == 1
     for envelope in envelopes:
         assert len(lab_plant.events(kind="outcome", invocation_id=envelope.invocation_id)) == 1
 

@@ -243,8 +243,20 @@ def test_the_typescript_runtime_keeps_its_guarantees_on_a_real_plane(
     output validation, time budgets, AbortSignal, Standard Schema input, idempotency,
     offline grant verification, failing closed with honest retries, SI-7."""
     plant = start_plane(policy_dir(ALL_BILLING))
+    done = run_plane_tests(compiled, plant)
+    assert "# fail 0" in done.stdout and "# pass 15" in done.stdout
+    # SI-5: the card quoted in the handler's exception is masked in the private body too.
+    (exploded,) = plant.events(kind="outcome", capability_id="billing.explode")
+    assert exploded["cause_message"] == "the table payments is locked for card [REDACTED]"
+    assert "4111111111111111" not in json.dumps(plant.rows())
+
+
+def run_plane_tests(
+    compiled: Path, plant: Plant, *options: str
+) -> subprocess.CompletedProcess[str]:
+    """client/typescript/test/plane/runtime.test.ts against ``plant``; they must pass."""
     done = subprocess.run(
-        ["node", "--test", str(compiled / "plane" / "runtime.test.js")],
+        ["node", "--test", *options, str(compiled / "plane" / "runtime.test.js")],
         env=node_env(plant, plant.token()),
         capture_output=True,
         text=True,
@@ -252,8 +264,21 @@ def test_the_typescript_runtime_keeps_its_guarantees_on_a_real_plane(
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "# fail 0" in done.stdout and "# pass 14" in done.stdout
-    # SI-5: the card quoted in the handler's exception is masked in the private body too.
-    (exploded,) = plant.events(kind="outcome", capability_id="billing.explode")
-    assert exploded["cause_message"] == "the table payments is locked for card [REDACTED]"
-    assert "4111111111111111" not in json.dumps(plant.rows())
+    return done
+
+
+TOGETHER = 100
+"""Calls the TypeScript test of reports sent together makes at once (``TOGETHER`` there)."""
+
+
+@pytest.mark.single_process  # counts the report calls one process's metrics saw
+def test_typescript_reports_due_together_are_sent_in_few_calls_and_each_is_recorded(
+    compiled: Path, start_plane: Callable[..., Plant], policy_dir: Callable[[str], Path]
+) -> None:
+    plant = start_plane(policy_dir(ALL_BILLING))
+    done = run_plane_tests(compiled, plant, "--test-name-pattern=reports sent together")
+    assert "# pass 1\n" in done.stdout
+    outcomes = plant.events(kind="outcome", capability_id="billing.look")
+    assert [o["status"] for o in outcomes] == ["succeeded"] * TOGETHER
+    assert plant.rpc_calls("warden.v1.Governor/Complete") == 0
+    assert 1 <= plant.rpc_calls("warden.v1.Governor/CompleteMany") < TOGETHER

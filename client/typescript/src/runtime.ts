@@ -39,6 +39,7 @@ import {
 } from "./gen/warden/v1/governor_pb.js";
 import type { GrantKey } from "./grants.js";
 import { uuid7 } from "./ids.js";
+import { Reports } from "./reports.js";
 import { DEFAULT_RETRY, delayMs, mayRetry, type RetryPolicy } from "./retry.js";
 import { type Schema, scrubJson, scrubText, sensitiveTexts, stripModelHidden } from "./schema.js";
 import { pointer } from "./standard-schema.js";
@@ -114,15 +115,16 @@ interface Reported {
   output?: unknown;
 }
 
-/** A service's connection to the plane and the capabilities it serves. */
 /** Capabilities sent in one Register call: the plane's default limit. */
 export const REGISTER_AT_ONCE = 100;
 
+/** A service's connection to the plane and the capabilities it serves. */
 export class Runtime {
   readonly target: string;
   readonly service: string;
   readonly retry: RetryPolicy;
   private readonly transport: Transport;
+  private readonly reports: Reports;
   private readonly specs = new Map<string, CapabilitySpec>();
   private versions = new Map<string, string>();
   private registered = false;
@@ -135,6 +137,7 @@ export class Runtime {
     this.service = options.service;
     this.retry = options.retry ?? DEFAULT_RETRY;
     this.transport = new Transport(target, options.token, options.governanceTimeoutMs ?? 5_000);
+    this.reports = new Reports(this.transport);
   }
 
   /**
@@ -511,7 +514,7 @@ export class Runtime {
   ): Promise<void> {
     for (const pauseMs of [...REPORT_RETRY_PAUSES_MS, null]) {
       try {
-        await this.transport.complete(request);
+        await this.reports.send(request);
         return;
       } catch (thrown) {
         const error = asCapabilityError(thrown);

@@ -12,6 +12,8 @@ import { type Approval, Approvals } from "./gen/warden/v1/approvals_pb.js";
 import {
   type BeginRequestSchema,
   type BeginResponse,
+  type CompleteManyResponse,
+  type CompleteRequest,
   type CompleteRequestSchema,
   Governor,
 } from "./gen/warden/v1/governor_pb.js";
@@ -197,6 +199,12 @@ export class Transport {
   /** Complete; throws CapabilityError(GOVERNANCE_UNAVAILABLE) when the plane cannot answer. */
   async complete(request: MessageInitShape<typeof CompleteRequestSchema>): Promise<void> {
     await this.governed((governor, options) => governor.complete(request, options));
+  }
+
+  /** CompleteMany: each report is taken or refused on its own (`results`, in order). */
+  async completeMany(requests: CompleteRequest[]): Promise<CompleteManyResponse> {
+    const reports = requests.map((request) => ({ request }));
+    return this.governed((governor, options) => governor.completeMany({ reports }, options));
   }
 
   /** Register; throws WardenError with the plane's message when refused. */

@@ -36,10 +36,12 @@ const ran: Record<string, number> = {};
 const count = (name: string) => {
   ran[name] = (ran[name] ?? 0) + 1;
 };
+/** Calls made at once by the test of reports sent together. */
+const TOGETHER = 100;
 const fast = { maxAttempts: 3, initialBackoffMs: 1, maxBackoffMs: 5, multiplier: 2 };
 
-function service(at = target): Runtime {
-  const rt = new Runtime(at, { service: "billing", token, governanceTimeoutMs: 2_000 });
+function service(at = target, governanceTimeoutMs = 2_000): Runtime {
+  const rt = new Runtime(at, { service: "billing", token, governanceTimeoutMs });
   rt.capability(
     {
       id: "billing.refuse",
@@ -257,6 +259,20 @@ describe("a TypeScript service on a real plane", () => {
       assert.match(error.message, /PERMISSION_DENIED/);
       return true;
     });
+  });
+
+  test("calls made together are each reported, with their reports sent together", async () => {
+    // The plane's side (each outcome recorded, few report calls) is checked by
+    // tests/integration/test_typescript_sdk.py.
+    const before = ran.look ?? 0;
+    const envelopes = await Promise.all(
+      Array.from({ length: TOGETHER }, (_, i) =>
+        rt.invoke("billing.look", { amount: i }, { actor }),
+      ),
+    );
+    const said = envelopes.map((e) => (e.error ? `${e.status} ${e.error.message}` : e.status));
+    assert.deepEqual(said, Array(TOGETHER).fill("succeeded"));
+    assert.equal((ran.look ?? 0) - before, TOGETHER);
   });
 
   test("a Governor answer names the process of the plane that gave it", async () => {
