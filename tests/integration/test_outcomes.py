@@ -339,9 +339,24 @@ def test_a_level_triggered_cancel_scope_cannot_cut_the_outcome_report_short(
         rt = build_lab(lab_plant.target, ORDERS_TOKEN, lab)
         try:
             await rt.aregister()
-            # anyio cancels again at every await until the scope is left.
-            with anyio.move_on_after(0.1):
-                seen.append(await rt.ainvoke("orders.aslow", {"n": 150}, actor=lab_plant.token()))
+            # anyio cancels again at every await until the scope is left. The
+            # scope is cancelled once the handler runs, however long the Begin took.
+            scope = anyio.CancelScope()
+
+            async def call() -> None:
+                with scope:
+                    seen.append(
+                        await rt.ainvoke("orders.aslow", {"n": 150}, actor=lab_plant.token())
+                    )
+
+            async def cancel_once_running() -> None:
+                while lab.count("aslow") == 0:
+                    await anyio.sleep(0.002)
+                scope.cancel()
+
+            async with anyio.create_task_group() as calls:
+                calls.start_soon(call)
+                calls.start_soon(cancel_once_running)
         finally:
             await rt.aclose()
             rt.close()

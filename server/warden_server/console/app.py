@@ -10,6 +10,7 @@ it is refused before anything else is read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import dataclasses
 import io
@@ -356,7 +357,8 @@ class _Pages:
         stop = threading.Event()
 
         def put(item: tuple[str, str] | None) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
+                loop.call_soon_threadsafe(queue.put_nowait, item)
 
         def pump() -> None:
             try:
