@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 import warden
 from benchmarks import free_port, wait_until_serving
 from tests.conftest import ACTOR_SECRET, EXAMPLE_POLICIES, Plant
+from warden_server import cli
 from warden_server.auth.actors import ActorVerifier
 from warden_server.cli import main
 from warden_server.config import load_config
@@ -186,6 +187,42 @@ def test_python_dash_m_runs_the_cli() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "Usage:" in done.stdout and "serve" in done.stdout
+
+
+CHECK_HELP_IMPORTS = """
+import sys
+from click.testing import CliRunner
+from warden_server.cli import main
+result = CliRunner().invoke(main, ["--help"])
+assert result.exit_code == 0, result.output
+print(result.output)
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.fixed_processes
+def test_warden_help_lists_every_command_with_its_summary_and_imports_none() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK_HELP_IMPORTS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    *shown, modules = done.stdout.strip().split("\n")
+    listed = " ".join(" ".join(shown).split())
+    for name, entry in cli.COMMANDS.items():
+        assert f"{name} {entry.summary}" in listed
+    assert not {f"warden_server.cli.{name}" for name in cli.COMMANDS} & set(modules.split())
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_a_command_summary_is_the_first_sentence_of_its_own_help(name: str) -> None:
+    command = main.get_command(click.Context(main), name)
+    assert command is not None and command.help
+    first_paragraph = " ".join(command.help.split("\n\n")[0].split())
+    assert first_paragraph.startswith(cli.COMMANDS[name].summary)
 
 
 CHECK_IMPORTS = """
