@@ -768,7 +768,14 @@ _EXPRESSION_NODES: Final = frozenset(
         "primary",
     }
 )
-_parser = celpy.Environment()
+
+
+@functools.cache
+def _parser() -> celpy.Environment:
+    """cel-python's parser, for the syntax tree (made on first use: the first
+    environment of a process builds the grammar, about 0.3 s, which a command
+    that never checks a condition need not pay for importing this module)."""
+    return celpy.Environment()
 
 
 def constant_failures(text: str) -> list[TypeProblem]:
@@ -798,7 +805,7 @@ def _constant_env() -> Any:
 
 def _constant_failures(text: str, env: Any) -> list[TypeProblem]:
     try:
-        tree = _parser.compile(text)
+        tree = _parser().compile(text)
     except Exception:  # syntax errors are the reference compiler's to report
         return []
     problems: list[TypeProblem] = []
