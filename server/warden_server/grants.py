@@ -146,7 +146,7 @@ def create_key_file(path: Path) -> None:
     store both end up signing with the one key that was linked first.
 
     Raises:
-        OSError: the folder cannot be written.
+        KeyFileError: the folder cannot be made or written.
     """
     pem = Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.PEM,

@@ -31,10 +31,13 @@ def write_once(path: Path, content: bytes) -> bool:
     whether this call made it.
 
     Raises:
-        OSError: the folder cannot be written.
+        KeyFileError: the folder cannot be made or written (the message says why).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
+    except OSError as exc:
+        raise KeyFileError(f"{path}: cannot write the key file: {why_not_written(exc)}") from None
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(content)
@@ -44,9 +47,24 @@ def write_once(path: Path, content: bytes) -> bool:
             os.link(temporary, path)
         except FileExistsError:
             return False  # another process made it first: its key is the key
+    except OSError as exc:
+        raise KeyFileError(f"{path}: cannot write the key file: {why_not_written(exc)}") from None
     finally:
         os.unlink(temporary)
     return True
+
+
+def why_not_written(exc: OSError) -> str:
+    """Why a file could not be made, in a few words. Where a file stands in
+    place of a folder of the path, ``mkdir`` says "file exists" or "not a
+    directory" of a path that is not the culprit: name the file instead."""
+    if isinstance(exc, FileExistsError | NotADirectoryError) and exc.filename:
+        blocking = Path(os.fsdecode(exc.filename))
+        while not blocking.exists() and blocking != blocking.parent:
+            blocking = blocking.parent
+        if blocking.exists() and not blocking.is_dir():
+            return f"{blocking} is a file, not a folder"
+    return (exc.strerror or str(exc)).lower()
 
 
 def read_private(path: Path) -> bytes:
@@ -76,10 +94,7 @@ def hex_key(path: Path, *, create: bool, size: int = 32) -> bytes | None:
     if not path.exists():
         if not create:
             return None
-        try:
-            write_once(path, secrets.token_bytes(size).hex().encode("ascii") + b"\n")
-        except OSError as exc:
-            raise KeyFileError(f"{path}: {exc.strerror or exc}") from None
+        write_once(path, secrets.token_bytes(size).hex().encode("ascii") + b"\n")
     content = read_private(path)
     try:
         key = bytes.fromhex(content.decode("ascii").strip())

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from warden_server.errors import Conflict
+from warden_server.keyfiles import why_not_written
 from warden_server.records.chain import GENESIS, record_hash
 from warden_server.records.checkpoint import Checkpoint
 from warden_server.records.events import COLUMNS, AuditEvent
@@ -902,8 +903,8 @@ def _in_namespaces(namespaces: Sequence[str]) -> tuple[str, list[str]]:
 
 def _reason(exc: BaseException) -> str:
     """Why a file could not be opened, without Python's wrapping of it."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror.lower()
+    if isinstance(exc, OSError):
+        return why_not_written(exc)
     return str(exc)
 
 
