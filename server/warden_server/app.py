@@ -12,7 +12,6 @@ the server's thread pool (``[server] workers``).
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import socket
@@ -42,6 +41,7 @@ from warden.v1 import (
     registry_pb2,
     registry_pb2_grpc,
 )
+from warden_server.addresses import MetricsUnavailable, addresses, check_addresses, claim
 from warden_server.approvals.expiry import Sweeper
 from warden_server.approvals.tail import ApprovalTail
 from warden_server.audit.anchors import AnchorPublisher
@@ -100,20 +100,6 @@ SERVICE_NAMES = (
     grants_pb2.DESCRIPTOR.services_by_name["GrantKeys"].full_name,
     audit_pb2.DESCRIPTOR.services_by_name["Audit"].full_name,
 )
-
-
-class MetricsUnavailable(OSError):
-    """``/metrics`` cannot be served where ``[telemetry] metrics_listen`` says."""
-
-    def __init__(self, listen: str, cause: OSError | ValueError) -> None:
-        in_use = isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE
-        why = "the port is in use" if in_use else (_reason(cause) or "not an address")
-        super().__init__(f"cannot serve metrics on {listen}: {why}")
-        self.listen = listen
-
-
-def _reason(exc: BaseException) -> str:
-    return exc.strerror.lower() if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 @dataclass
@@ -199,21 +185,22 @@ def server_credentials(config: Config) -> grpc.ServerCredentials | None:
     )
 
 
-def launch(config: Config, *, cpus: Sequence[int] | None = None) -> Server:
+def launch(
+    config: Config, *, cpus: Sequence[int] | None = None, addresses_checked: bool = False
+) -> Server:
     """Load the plane ``config`` describes and serve it (``warden serve``).
 
     With several processes, the others start first and load their policy
     sets while this one loads its own, so that the plane serves on every
-    process about as soon as one could alone.
+    process about as soon as one could alone. The addresses are checked first
+    (``check_addresses``), unless the caller did (``addresses_checked``).
 
     Raises:
         PolicyLoadError: the policy folder has problems.
         ValueError, OSError, StoreError: as ``Plane.from_config`` and ``serve``.
     """
-    # An address another program holds fails the start here, before a key
-    # file is written or a process started.
-    _claim(config.server.listen)
-    _check_metrics_address(config.telemetry.metrics_listen)
+    if not addresses_checked:
+        check_addresses(config)
     secrets = ProcessSecrets.from_config(config)
     others = (
         start_others(config, config.server.listen, secrets, cpus=cpus)
@@ -307,7 +294,7 @@ def serve(
     if processes > 1 and not plane.joined and others is None:
         address = listen or plane.config.server.listen
         try:
-            _claim(address)
+            claim(address)
             others = start_others(plane.config, address, plane.secrets(), cpus=cpus)
         except OSError:
             plane.close()
@@ -513,51 +500,6 @@ async def _bind(server: grpc.aio.Server, config: Config, listen: str) -> int:
     return port
 
 
-def _claim(listen: str) -> None:
-    """Fail when anything listens on ``listen`` already.
-
-    The processes of one plane bind with SO_REUSEPORT, which would also let a
-    second plane share the port unnoticed; binding once without it first
-    makes a second plane fail to start instead.
-
-    Raises:
-        OSError: the address is in use or not available.
-    """
-    if listen.rpartition(":")[2] == "0":
-        return  # the kernel picks a port nobody holds
-    for family, kind, proto, address in _addresses(listen):
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(address)
-            except OSError:
-                raise OSError(
-                    f"cannot listen on {listen}: the address is in use or not available"
-                ) from None
-
-
-def _check_metrics_address(listen: str | None) -> None:
-    """Fail when ``/metrics`` could not be served on ``listen``, as
-    ``_claim`` does for the plane's port; the endpoint itself binds it once
-    the plane serves.
-
-    Raises:
-        MetricsUnavailable: the address is in use, not available or not one.
-    """
-    if not listen or listen.rpartition(":")[2] == "0":
-        return
-    host = listen.rpartition(":")[0]
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host or "127.0.0.1", _port(listen), type=socket.SOCK_STREAM
-        )[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except (OSError, ValueError) as exc:
-        raise MetricsUnavailable(listen, exc) from None
-
-
 def _hold(listen: str) -> tuple[list[socket.socket], str]:
     """Bind ``listen``'s addresses without listening, as the plane's processes
     will (SO_REUSEPORT), choosing the port when it is 0: the sockets, and the
@@ -570,7 +512,7 @@ def _hold(listen: str) -> tuple[list[socket.socket], str]:
     host, _, port = listen.rpartition(":")
     held: list[socket.socket] = []
     try:
-        for family, kind, proto, address in _addresses(listen):
+        for family, kind, proto, address in addresses(listen):
             held_socket = socket.socket(family, kind, proto)
             held.append(held_socket)
             held_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -584,35 +526,6 @@ def _hold(listen: str) -> tuple[list[socket.socket], str]:
             f"cannot listen on {listen}: the address is in use or not available"
         ) from None
     return held, f"{host}:{port}"
-
-
-def _addresses(listen: str) -> list[tuple[socket.AddressFamily, socket.SocketKind, int, Any]]:
-    """What binding ``listen`` binds: each address its host resolves to.
-
-    Raises:
-        OSError: the host does not resolve, or the port is not a number.
-    """
-    host = listen.rpartition(":")[0].strip("[]") or "0.0.0.0"  # noqa: S104 (every address)
-    try:
-        found = socket.getaddrinfo(
-            host, _port(listen), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except (OSError, ValueError) as exc:
-        raise OSError(f"cannot listen on {listen}: {exc}") from None
-    return [(family, kind, proto, address) for family, kind, proto, _, address in found]
-
-
-def _port(listen: str) -> int:
-    """The port of ``host:port``. The resolver would take any number, 99999
-    as 34463.
-
-    Raises:
-        ValueError: it is not a number from 0 to 65535.
-    """
-    port = listen.rpartition(":")[2]
-    if not (port.isdigit() and int(port) <= 65_535):
-        raise ValueError("not HOST:PORT with a port from 0 to 65535")
-    return int(port)
 
 
 def _retention(plane: Plane) -> RetentionScheduler | None:

@@ -342,6 +342,41 @@ def test_serve_policies_flag_overrides_the_config(tmp_path: Path) -> None:
     assert f"{broken / 'rules.yaml'}:8:" in done.stderr, done.stderr
 
 
+CHECK_SERVE_IMPORTS = """
+import socket, sys
+from click.testing import CliRunner
+from warden_server.cli import main
+with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    address = "127.0.0.1:%d" % taken.getsockname()[1]
+    result = CliRunner().invoke(main, ["serve", "--config", sys.argv[1], "--listen", address])
+print(result.exit_code, result.output.strip().splitlines()[-1])
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.fixed_processes
+def test_serve_on_a_taken_address_fails_before_importing_or_starting_the_plane(
+    tmp_path: Path,
+) -> None:
+    config_path = write_config(tmp_path / "cli")
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK_SERVE_IMPORTS, str(config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    said, modules = done.stdout.strip().split("\n")
+    assert said.startswith("1 Error: cannot listen on 127.0.0.1:"), said
+    assert not {"warden_server.app", "warden_server.plane", "multiprocessing.forkserver"} & set(
+        modules.split()
+    )
+    assert not (config_path.parent / "var").exists(), "it wrote key files before failing"
+
+
 def test_serve_on_an_address_another_plane_holds_fails_instead_of_sharing_it(
     tmp_path: Path, plant: Plant, processes: list[subprocess.Popen[str]]
 ) -> None:

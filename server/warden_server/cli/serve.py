@@ -13,6 +13,7 @@ from warden_server.cli.common import CONFIG_OPTION, load
 
 if TYPE_CHECKING:
     from warden_server.app import Server
+    from warden_server.config import Config
 
 
 @click.command()
@@ -85,13 +86,15 @@ def serve(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    _check_addresses(config)
     if config.process_count > 1:
         # The other processes are forked from a server that imports the plane
         # first: started now, it imports while this process does.
         from warden_server.processes import start_forkserver
 
         start_forkserver()
-    from warden_server.app import MetricsUnavailable, launch
+    from warden_server.addresses import MetricsUnavailable
+    from warden_server.app import launch
     from warden_server.placement import cpus_for
     from warden_server.policy.loader import PolicyLoadError
     from warden_server.processes import freeze_what_is_loaded
@@ -102,14 +105,11 @@ def serve(
     freeze_what_is_loaded()
     cpus = cpus_for(config.process_count, pin=config.server.pin_processes)
     try:
-        server = launch(config, cpus=cpus)
+        server = launch(config, cpus=cpus, addresses_checked=True)
     except PolicyLoadError as exc:
         raise click.ClickException(f"the policy set has problems:\n{exc}") from None
-    except MetricsUnavailable as exc:
-        raise click.ClickException(
-            f"{exc}; move it with --metrics-listen HOST:PORT, "
-            "or turn it off with --metrics-listen off"
-        ) from None
+    except MetricsUnavailable as exc:  # taken since it was checked
+        raise _metrics_refused(exc) from None
     except (OSError, ValueError, StoreError) as exc:
         raise click.ClickException(str(exc)) from None
     running.append(server)
@@ -126,3 +126,22 @@ def serve(
     if stopping.is_set():
         server.stop()
     server.wait()
+
+
+def _check_addresses(config: Config) -> None:
+    """A taken address fails the start at once, before the plane is imported
+    and before anything starts or is written."""
+    from warden_server.addresses import MetricsUnavailable, check_addresses
+
+    try:
+        check_addresses(config)
+    except MetricsUnavailable as exc:
+        raise _metrics_refused(exc) from None
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _metrics_refused(exc: OSError) -> click.ClickException:
+    return click.ClickException(
+        f"{exc}; move it with --metrics-listen HOST:PORT, or turn it off with --metrics-listen off"
+    )
