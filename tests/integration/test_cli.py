@@ -189,6 +189,19 @@ def test_python_dash_m_runs_the_cli() -> None:
     assert "Usage:" in done.stdout and "serve" in done.stdout
 
 
+def run_python(snippet: str, *args: str) -> str:
+    """What ``snippet`` prints, run in a fresh interpreter (what it imports is its own)."""
+    done = subprocess.run(
+        [sys.executable, "-c", snippet, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 CHECK_HELP_IMPORTS = """
 import sys
 from click.testing import CliRunner
@@ -202,15 +215,7 @@ print(" ".join(sorted(sys.modules)))
 
 @pytest.mark.fixed_processes
 def test_warden_help_lists_every_command_with_its_summary_and_imports_none() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK_HELP_IMPORTS],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    *shown, modules = done.stdout.strip().split("\n")
+    *shown, modules = run_python(CHECK_HELP_IMPORTS).strip().split("\n")
     listed = " ".join(" ".join(shown).split())
     for name, entry in cli.COMMANDS.items():
         assert f"{name} {entry.summary}" in listed
@@ -239,15 +244,7 @@ print(" ".join(sorted(sys.modules)))
 def test_a_command_imports_its_own_module_and_not_the_plane() -> None:
     """A command's module is imported when it runs (warden_server.cli.COMMANDS):
     `warden token` does not pay for importing the plane, gRPC or the stores."""
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK_IMPORTS],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    loaded = set(done.stdout.split())
+    loaded = set(run_python(CHECK_IMPORTS).split())
     assert "warden_server.cli.token" in loaded
     assert not loaded & {
         "warden_server.cli.serve",
@@ -361,15 +358,7 @@ def test_serve_on_a_taken_address_fails_before_importing_or_starting_the_plane(
     tmp_path: Path,
 ) -> None:
     config_path = write_config(tmp_path / "cli")
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK_SERVE_IMPORTS, str(config_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    said, modules = done.stdout.strip().split("\n")
+    said, modules = run_python(CHECK_SERVE_IMPORTS, str(config_path)).strip().split("\n")
     assert said.startswith("1 Error: cannot listen on 127.0.0.1:"), said
     assert not {"warden_server.app", "warden_server.plane", "multiprocessing.forkserver"} & set(
         modules.split()
