@@ -28,8 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
 
@@ -85,21 +84,20 @@ def run(quick: bool = False) -> bool:
 
 def _measure(target: str, actor: str, db: Path, quick: bool) -> bool:
     seconds = QUICK_FLOOD_SECONDS if quick else FLOOD_SECONDS
-    with grpc.insecure_channel(target) as channel:
+    with grpc.insecure_channel(target) as channel, _Flooders(target) as flood:
         governor = governor_pb2_grpc.GovernorStub(channel)
         runtime = _register(target)
         for _ in range(20):
             _begin(governor, actor)
         before = _begin_p50(governor, actor, seconds)
-        with _flooding(target, "health"):
-            control = _begin_p50(governor, actor, seconds)
+        flood.send(HEALTH)
+        control = _begin_p50(governor, actor, seconds)
         size_before = _store_bytes(db)
-        with _flooding(target, "audit") as sent:
-            time.sleep(seconds)
+        flood.send(AUDIT)
+        time.sleep(seconds)
         grown = _store_bytes(db) - size_before
-        requests = sent.value
-        with _flooding(target, "audit"):
-            during = _begin_p50(governor, actor, seconds)
+        requests = flood.sent.value
+        during = _begin_p50(governor, actor, seconds)
         runtime.close()
     slowdown = during / control
     ok_growth = grown <= GROWTH_TARGET_BYTES
@@ -143,27 +141,47 @@ def _measure(target: str, actor: str, db: Path, quick: bool) -> bool:
     return requests > 0 if quick else ok
 
 
-@contextmanager
-def _flooding(target: str, kind: str) -> Iterator[Any]:
-    """``FLOODERS`` processes sending ``kind`` requests until the block ends;
-    yields the shared count of requests sent."""
-    # Spawned, not forked: this process has gRPC threads running.
-    processes = multiprocessing.get_context("spawn")
-    stop = processes.Event()
-    sent = processes.Value("q", 0)
-    flooders = [
-        processes.Process(target=_flood, args=(target, kind, stop, sent), daemon=True)
-        for _ in range(FLOODERS)
-    ]
-    for flooder in flooders:
-        flooder.start()
-    try:
-        while sent.value < FLOODERS * FLOOD_THREADS:  # every flooder has started
+PAUSED, HEALTH, AUDIT = 0, 1, 2
+"""What the flooders send: nothing, health checks (the control), audit queries."""
+
+
+class _Flooders:
+    """``FLOODERS`` processes of ``FLOOD_THREADS`` threads each, started once
+    and paused, then sending what ``send`` says until the block ends."""
+
+    def __init__(self, target: str) -> None:
+        # Spawned, not forked: this process has gRPC threads running.
+        processes = multiprocessing.get_context("spawn")
+        self._stop = processes.Event()
+        self._kind = processes.Value("i", PAUSED)
+        self.sent = processes.Value("q", 0)
+        """Requests sent since the last ``send``."""
+        self._ready = processes.Value("i", 0)
+        self._flooders = [
+            processes.Process(
+                target=_flood,
+                args=(target, self._kind, self._stop, self.sent, self._ready),
+                daemon=True,
+            )
+            for _ in range(FLOODERS)
+        ]
+
+    def __enter__(self) -> _Flooders:
+        for flooder in self._flooders:
+            flooder.start()
+        while self._ready.value < FLOODERS * FLOOD_THREADS:  # every thread has its stubs
             time.sleep(0.05)
-        yield sent
-    finally:
-        stop.set()
-        for flooder in flooders:
+        return self
+
+    def send(self, kind: int) -> None:
+        """Send ``kind`` from now on, counting afresh."""
+        with self.sent.get_lock():
+            self._kind.value = kind
+            self.sent.value = 0
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for flooder in self._flooders:
             flooder.join(timeout=10)
 
 
@@ -204,24 +222,35 @@ def _begin_p50(governor: governor_pb2_grpc.GovernorStub, actor: str, seconds: fl
     return percentile(samples, 50)
 
 
-def _flood(target: str, kind: str, stop: Any, sent: Any) -> None:
+def _flood(target: str, kind: Any, stop: Any, sent: Any, ready: Any) -> None:
     def loop() -> None:
         with grpc.insecure_channel(target) as channel:
-            if kind == "audit":
-                query = audit_pb2_grpc.AuditStub(channel).Query
-                request: Any = audit_pb2.QueryRequest(
-                    filter=audit_pb2.AuditFilter(actor="a" * FILTER_BYTES)
-                )
-            else:  # the control: a request of the same size that touches no store
-                query = health_pb2_grpc.HealthStub(channel).Check
-                request = health_pb2.HealthCheckRequest(service="a" * FILTER_BYTES)
+            audit: Any = audit_pb2_grpc.AuditStub(channel).Query
+            health: Any = health_pb2_grpc.HealthStub(channel).Check
+            calls = {
+                AUDIT: (
+                    audit,
+                    audit_pb2.QueryRequest(filter=audit_pb2.AuditFilter(actor="a" * FILTER_BYTES)),
+                ),
+                # The control: a request of the same size that touches no store.
+                HEALTH: (health, health_pb2.HealthCheckRequest(service="a" * FILTER_BYTES)),
+            }
+            with ready.get_lock():
+                ready.value += 1
             interval = FLOODERS * FLOOD_THREADS / FLOOD_RATE
             due = time.monotonic()
             while not stop.is_set():
+                sending = kind.value
+                if sending == PAUSED:
+                    time.sleep(0.05)
+                    due = time.monotonic()
+                    continue
+                query, request = calls[sending]
                 with suppress(grpc.RpcError):
                     query(request, timeout=5)
                 with sent.get_lock():
-                    sent.value += 1
+                    if kind.value == sending:  # not a request of the phase before
+                        sent.value += 1
                 due += interval
                 time.sleep(max(0.0, due - time.monotonic()))
 
