@@ -23,7 +23,7 @@ import {
   type CompleteRequest,
   CompleteRequestSchema,
 } from "./gen/warden/v1/governor_pb.js";
-import { PlaneRefusedError } from "./transport.js";
+import { PlaneRefusedError, refusal } from "./transport.js";
 
 /** Report calls in flight at once; the reports that come due meanwhile wait for the next. */
 export const REPORT_CALLS_IN_FLIGHT = 4;
@@ -31,9 +31,6 @@ export const REPORT_CALLS_IN_FLIGHT = 4;
 export const REPORTS_PER_CALL = 256;
 /** The most bytes of reports in one call, well under gRPC's 4 MiB message limit. */
 export const BYTES_PER_CALL = 512 * 1024;
-
-/** Codes the plane answers for a report that another try may get taken. */
-const TRANSIENT = new Set(["UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED"]);
 
 /** What sends reports: `Transport`, or a test's stand-in. */
 export interface ReportSender {
@@ -123,14 +120,14 @@ export class Reports {
     }
     if (response.results.length !== batch.length) {
       const said = `answered ${response.results.length} results for ${batch.length} reports`;
-      const error = refused("UNKNOWN", said, this.sender.target);
+      const error = refusal("UNKNOWN", said, this.sender.target);
       for (const report of batch) report.failed(error);
       return;
     }
     batch.forEach((report, i) => {
       const result = response.results[i]?.result;
       if (result?.case === "refusal") {
-        report.failed(refused(result.value.code, result.value.message, this.sender.target));
+        report.failed(refusal(result.value.code, result.value.message, this.sender.target));
       } else {
         report.taken();
       }
@@ -147,13 +144,6 @@ export class Reports {
       }
     }
   }
-}
-
-function refused(code: string, message: string, target: string): CapabilityError {
-  return new CapabilityError("GOVERNANCE_UNAVAILABLE", undefined, {
-    retryable: TRANSIENT.has(code),
-    cause: new PlaneRefusedError(code, message, target),
-  });
 }
 
 function asGovernanceError(thrown: unknown): CapabilityError {

@@ -133,9 +133,19 @@ function asConnectError(error: unknown): ConnectError {
  */
 export function governanceError(error: unknown, target: string): CapabilityError {
   const e = asConnectError(error);
+  return refusal(statusName(e.code), e.rawMessage, target);
+}
+
+const TRANSIENT_NAMES = new Set([...TRANSIENT].map(statusName));
+
+/**
+ * The same for a refusal the plane named itself (`status`: a gRPC status
+ * name, as in a CompleteMany result): retryable when another try could succeed.
+ */
+export function refusal(status: string, details: string, target: string): CapabilityError {
   return new CapabilityError("GOVERNANCE_UNAVAILABLE", undefined, {
-    retryable: TRANSIENT.has(e.code),
-    cause: new PlaneRefusedError(statusName(e.code), e.rawMessage, target),
+    retryable: TRANSIENT_NAMES.has(status),
+    cause: new PlaneRefusedError(status, details, target),
   });
 }
 
