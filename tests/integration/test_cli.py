@@ -256,6 +256,47 @@ def test_a_command_imports_its_own_module_and_not_the_plane() -> None:
     }
 
 
+CHECK_AUDIT_IMPORTS = """
+import sys
+from click.testing import CliRunner
+from warden_server.cli import main
+result = CliRunner().invoke(main, ["audit", "verify", "--help"])
+assert result.exit_code == 0, result.output
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.fixed_processes
+def test_audit_commands_do_not_import_the_plane() -> None:
+    """`warden audit` reads and converts records: it does not pay for importing
+    the plane's pipeline, policy loader and type checker."""
+    loaded = set(run_python(CHECK_AUDIT_IMPORTS).split())
+    assert "warden_server.cli.audit" in loaded
+    assert not loaded & {
+        "warden_server.app",
+        "warden_server.plane",
+        "warden_server.pipeline",
+        "warden_server.policy.loader",
+        "warden_server.policy.typecheck",
+    }
+
+
+CHECK_GRAMMAR = """
+import celpy.celparser
+import warden_server.policy.coverage
+import warden_server.policy.definitions
+import warden_server.policy.typecheck
+print(celpy.celparser.CELParser.CEL_PARSER is not None)
+"""
+
+
+@pytest.mark.fixed_processes
+def test_importing_the_policy_modules_does_not_build_the_cel_grammar() -> None:
+    """cel-python's grammar (about 0.3 s to build) is built when a condition is
+    first parsed, not by importing a module that may parse one."""
+    assert run_python(CHECK_GRAMMAR).strip() == "False"
+
+
 @pytest.mark.fixed_processes
 def test_serve_is_healthy_reflects_its_services_and_stops_cleanly_on_sigterm(
     tmp_path: Path, processes: list[subprocess.Popen[str]]

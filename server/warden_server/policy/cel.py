@@ -6,6 +6,7 @@ implementing ``Evaluator`` and passing the policy test suite identically.
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import re
@@ -172,6 +173,14 @@ _FUNCTIONS = {
     "_*_": _typed(operator.mul),
 }
 """cel-python's own functions, corrected where they differ from CEL."""
+
+
+@functools.cache
+def parser() -> celpy.Environment:
+    """cel-python's parser, for syntax trees. Built on first use: the first
+    environment of a process builds the grammar (about 0.3 s), which a command
+    that never reads a condition should not pay for in its imports."""
+    return celpy.Environment()
 
 
 class CelPythonEvaluator:

@@ -18,13 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import celpy
 import lark
 
-from warden_server.policy.cel import MACROS, Activation, EvaluationError, Program
+from warden_server.policy.cel import MACROS, Activation, EvaluationError, Program, parser
 from warden_server.policy.engine import CompiledRule, PolicySet, RuleResult
-
-_parser = celpy.Environment()
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +100,7 @@ class ConditionCoverage:
 def _conditions(rule: CompiledRule, policies: PolicySet) -> Iterator[Condition]:
     text = rule.text("when") or "true"
     try:
-        tree = _parser.compile(text)
+        tree = parser().compile(text)
     except Exception:  # the set compiled, so this does not happen; count nothing
         return
     where = f"{rule.file}:{rule.line}"

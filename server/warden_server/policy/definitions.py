@@ -22,15 +22,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import celpy
 import lark
 
 from warden_server.policy import yamlpos
-from warden_server.policy.cel import MACROS
+from warden_server.policy.cel import MACROS, parser
 
 VARIABLES: Final = "v"
 CONSTANTS: Final = "c"
-_parser = celpy.Environment()
 _MAY_REFER: Final = re.compile(r"(?<![\w.])[vc]\s*\.")
 """Where a ``v.name`` or ``c.name`` could start (a string literal may match too:
 that costs a parse, never a miss)."""
@@ -113,7 +111,7 @@ class Definitions:
     def parses(self, name: str) -> bool:
         """Whether the variable's expression parses."""
         try:
-            _parser.compile(self._variables[name])
+            parser().compile(self._variables[name])
         except Exception:
             return False
         return True
@@ -143,7 +141,7 @@ class Definitions:
         if not _MAY_REFER.search(text):  # no v.name or c.name: nothing to parse
             return identity(path, text)
         try:
-            tree = _parser.compile(text)
+            tree = parser().compile(text)
         except Exception:  # a syntax error: compiling reports it, at its place
             return identity(path, text)
         uses = _uses(tree)

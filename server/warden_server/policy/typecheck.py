@@ -28,10 +28,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-import celpy
 import lark
 from google.protobuf import descriptor_pb2, descriptor_pool, struct_pb2, wrappers_pb2
 
+from warden_server.policy.cel import parser
 from warden_server.policy.inputs import InputSchema, missing_field
 
 if TYPE_CHECKING:
@@ -770,14 +770,6 @@ _EXPRESSION_NODES: Final = frozenset(
 )
 
 
-@functools.cache
-def _parser() -> celpy.Environment:
-    """cel-python's parser, for the syntax tree (made on first use: the first
-    environment of a process builds the grammar, about 0.3 s, which a command
-    that never checks a condition need not pay for importing this module)."""
-    return celpy.Environment()
-
-
 def constant_failures(text: str) -> list[TypeProblem]:
     """Sub-expressions that read no variable and fail whenever evaluated, and
     ``matches`` patterns that are not valid regular expressions.
@@ -805,7 +797,7 @@ def _constant_env() -> Any:
 
 def _constant_failures(text: str, env: Any) -> list[TypeProblem]:
     try:
-        tree = _parser().compile(text)
+        tree = parser().compile(text)
     except Exception:  # syntax errors are the reference compiler's to report
         return []
     problems: list[TypeProblem] = []

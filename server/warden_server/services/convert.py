@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -25,19 +25,11 @@ from warden.v1 import (
     policy_pb2,
     registry_pb2,
 )
-from warden_server.approvals.deciding import ApprovalView
 from warden_server.audit.chain import VerifyResult
 from warden_server.audit.reader import AuditFilter, Stats, StatsRow
-from warden_server.auth.actors import Actor
 from warden_server.config import LimitsSection
 from warden_server.errors import InvalidRequest
-from warden_server.grants import PublishedKey
 from warden_server.limits import KeyUsage, LimitStatus
-from warden_server.pipeline.failure import Failure
-from warden_server.pipeline.idempotency import Replayed
-from warden_server.plane import PolicyStatus
-from warden_server.policy.engine import CompiledRule
-from warden_server.policy.loader import Problem
 from warden_server.records.events import COLUMNS
 from warden_server.records.query import Page
 from warden_server.registry import (
@@ -48,7 +40,19 @@ from warden_server.registry import (
     recorded_capability_id,
     schema_from_json,
 )
-from warden_server.store.records import ReplicaRecord
+
+# Named in signatures only: the CLI's audit commands convert records without
+# importing the plane.
+if TYPE_CHECKING:
+    from warden_server.approvals.deciding import ApprovalView
+    from warden_server.auth.actors import Actor
+    from warden_server.grants import PublishedKey
+    from warden_server.pipeline.failure import Failure
+    from warden_server.pipeline.idempotency import Replayed
+    from warden_server.plane import PolicyStatus
+    from warden_server.policy.engine import CompiledRule
+    from warden_server.policy.loader import Problem
+    from warden_server.store.records import ReplicaRecord
 
 SIDE_EFFECTS = {
     registry_pb2.SIDE_EFFECT_READ: "read",
