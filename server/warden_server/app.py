@@ -60,6 +60,7 @@ from warden_server.services.governor import GovernorServicer
 from warden_server.services.grants import GrantKeysServicer
 from warden_server.services.policies import PoliciesServicer
 from warden_server.services.registry import RegistryServicer
+from warden_server.store import open_store
 from warden_server.telemetry.interceptor import TelemetryInterceptor
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,9 @@ def launch(
     """
     if not addresses_checked:
         check_addresses(config)
+    # A store that cannot be opened fails the start here, before a key is made
+    # beside it or another process starts (this process opens it again below).
+    open_store(config.store_url, config.store_path).close()
     secrets = ProcessSecrets.from_config(config)
     others = (
         start_others(config, config.server.listen, secrets, cpus=cpus)

@@ -30,6 +30,7 @@ from warden_server import cli
 from warden_server.auth.actors import ActorVerifier
 from warden_server.cli import main
 from warden_server.config import load_config
+from warden_server.grants import default_key_path
 
 ORDERS_CLI_TOKEN = "cli-test-orders-token"
 BROKEN_POLICY = """\
@@ -480,7 +481,7 @@ def store_from_a_newer_warden(path: Path) -> Path:
 @pytest.mark.parametrize(
     ("make", "why"),
     [
-        (store_that_is_not_a_file, "unable to open database file"),
+        (store_that_is_not_a_file, "it is a folder, not a file"),
         (store_that_is_not_a_database, "file is not a database"),
         (store_from_a_newer_warden, "its schema version 999 is newer than this Warden's"),
     ],
@@ -503,6 +504,8 @@ def test_serve_on_a_store_it_cannot_open_says_so_in_one_line(
         f"Error: {store}: cannot open the store: {why}"
     ), done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+    # The store is opened before any key is made beside it.
+    assert not default_key_path(store).exists(), "it made a grant key beside a store it cannot open"
 
 
 def serve_until_ready(
@@ -803,6 +806,15 @@ def test_audit_verify_on_a_missing_store_is_a_clear_error(tmp_path: Path) -> Non
     assert result.exit_code == 1
     assert f"{missing}: no such store" in result.stderr
     assert not missing.exists()
+
+
+@pytest.mark.fixed_processes
+def test_audit_verify_on_a_folder_says_so_and_does_not_call_it_corrupt(tmp_path: Path) -> None:
+    folder = tmp_path / "warden.db"
+    folder.mkdir()
+    result = run("audit", "verify", "--store", str(folder))
+    assert result.exit_code == 1, result.stderr  # 2 would say the file is damaged
+    assert result.stderr.strip() == f"Error: {folder}: not a store: it is a folder, not a file"
 
 
 @pytest.mark.fixed_processes

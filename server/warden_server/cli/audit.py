@@ -31,6 +31,7 @@ from warden_server.cli.audit_sources import AuditSource, LocalSource, RemoteSour
 from warden_server.cli.common import (
     CONFIG_OPTION,
     STORE_OPTION,
+    check_store_file,
     checked_target,
     load,
     open_store,
@@ -361,8 +362,7 @@ def _check_file(config_path: str, store: str | None) -> None:
     if store is not None and "://" in store:
         return
     path = Path(store) if store else load(config_path).store_path
-    if not path.exists():
-        raise click.ClickException(f"{path}: no such store")
+    check_store_file(path)
     try:
         found = damage(path)
     except StoreUnreadable as exc:

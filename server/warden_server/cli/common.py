@@ -87,12 +87,20 @@ def _open_postgres(url: str, files: Path) -> Store:
         raise click.ClickException(str(exc)) from None
 
 
+def check_store_file(path: Path) -> None:
+    """Fail with one line unless ``path`` is a file: a command that reads a
+    store never makes one, and a folder is not a damaged store."""
+    if not path.exists():
+        raise click.ClickException(f"{path}: no such store")
+    if path.is_dir():
+        raise click.ClickException(f"{path}: not a store: it is a folder, not a file")
+
+
 def open_store_file(path: Path) -> SQLiteStore:
     """The store at ``path``; it must exist."""
     from warden_server.store import SQLiteStore, StoreError
 
-    if not path.exists():
-        raise click.ClickException(f"{path}: no such store")
+    check_store_file(path)
     try:
         return SQLiteStore(path)
     except StoreError as exc:

@@ -409,6 +409,8 @@ class SQLiteStore:
         Raises:
             StoreError: the file cannot be opened or is not a Warden store.
         """
+        if self.path.is_dir():  # SQLite would say only "unable to open database file"
+            raise StoreError(f"{self.path}: cannot open the store: it is a folder, not a file")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # Processes sharing the file take turns at writing through this lock,
