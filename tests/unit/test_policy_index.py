@@ -18,7 +18,7 @@ from warden_server.pipeline.context import BeginContext, BeginRequest
 from warden_server.pipeline.policy import policy
 from warden_server.pipeline.visibility import visibility
 from warden_server.policy.cel import Activation, CelPythonEvaluator
-from warden_server.policy.globs import CAPABILITY_ID, GlobIndex, can_match_an_id
+from warden_server.policy.globs import CAPABILITY_ID, GlobIndex, can_match_an_id, matches
 from warden_server.policy.loader import load_policies
 from warden_server.registry import Capability, CapabilityDefinition
 
@@ -57,6 +57,15 @@ def test_can_match_an_id_agrees_with_brute_force(glob: str) -> None:
         assert can_match_an_id(glob) == short_match
     elif short_match:
         assert can_match_an_id(glob)
+
+
+@given(GLOBS, IDS)
+def test_matches_answers_as_fnmatch(glob: str, cid: str) -> None:
+    """Literal and ``prefix*`` globs are compared as text: the same answers."""
+    assert matches(cid, glob) == fnmatch.fnmatchcase(cid, glob)
+    literal = glob.replace("*", "").replace("?", "")
+    for shaped in (literal, cid, cid[:3] + "*", literal + "*", cid + "*"):
+        assert matches(cid, shaped) == fnmatch.fnmatchcase(cid, shaped), shaped
 
 
 def test_globs_that_match_no_id() -> None:

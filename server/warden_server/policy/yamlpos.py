@@ -4,7 +4,7 @@ so that every problem can be reported as ``file:line:col``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import yaml
 
@@ -15,8 +15,10 @@ _COMPOSER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 nodes and marks, several times faster than the pure-Python one."""
 
 
-@dataclass(frozen=True, slots=True)
-class Position:
+class Position(NamedTuple):
+    """A 1-based line and column (a tuple: one is made for every node of
+    every policy file, and a tuple is the cheapest thing to make)."""
+
     line: int
     column: int
 
@@ -184,5 +186,10 @@ def _block_indent(lines: list[str], first: int) -> int:
     return 1
 
 
+_STR: Final = "tag:yaml.org,2002:str"
+
+
 def _scalar(node: yaml.ScalarNode, loader: yaml.SafeLoader) -> Any:
+    if node.tag == _STR:  # most of a policy file: its text is its value
+        return node.value
     return loader.construct_object(node)
