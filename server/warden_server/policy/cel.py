@@ -23,8 +23,6 @@ from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError
 
-from warden_server.policy import grammar
-
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 
 # cel-python logs whole activations, inputs included, at DEBUG (and a failing
@@ -179,9 +177,9 @@ _FUNCTIONS = {
 
 @functools.cache
 def parser() -> celpy.Environment:
-    """cel-python's parser, for syntax trees. Made on first use (``grammar``),
-    not on import: a command that never reads a condition does not need it."""
-    grammar.ready()
+    """cel-python's parser, for syntax trees. Built on first use: the first
+    environment of a process builds the grammar (about 0.3 s), which a command
+    that never reads a condition should not pay for in its imports."""
     return celpy.Environment()
 
 
@@ -195,7 +193,6 @@ class CelPythonEvaluator:
     name = "cel-python"
 
     def __init__(self) -> None:
-        grammar.ready()
         self._env = celpy.Environment()
         self.reference: Evaluator = self
 
