@@ -235,17 +235,22 @@ CHECK_IMPORTS = """
 import sys
 from click.testing import CliRunner
 from warden_server.cli import main
-result = CliRunner().invoke(main, ["token", "mint", "--help"])
+result = CliRunner().invoke(main, sys.argv[1:])
 assert result.exit_code == 0, result.output
 print(" ".join(sorted(sys.modules)))
 """
+
+
+def modules_loaded_by(*args: str) -> set[str]:
+    """The modules a fresh interpreter has loaded once ``warden ARGS`` ran."""
+    return set(run_python(CHECK_IMPORTS, *args).split())
 
 
 @pytest.mark.fixed_processes
 def test_a_command_imports_its_own_module_and_not_the_plane() -> None:
     """A command's module is imported when it runs (warden_server.cli.COMMANDS):
     `warden token` does not pay for importing the plane, gRPC or the stores."""
-    loaded = set(run_python(CHECK_IMPORTS).split())
+    loaded = modules_loaded_by("token", "mint", "--help")
     assert "warden_server.cli.token" in loaded
     assert not loaded & {
         "warden_server.cli.serve",
@@ -257,21 +262,11 @@ def test_a_command_imports_its_own_module_and_not_the_plane() -> None:
     }
 
 
-CHECK_AUDIT_IMPORTS = """
-import sys
-from click.testing import CliRunner
-from warden_server.cli import main
-result = CliRunner().invoke(main, ["audit", "verify", "--help"])
-assert result.exit_code == 0, result.output
-print(" ".join(sorted(sys.modules)))
-"""
-
-
 @pytest.mark.fixed_processes
 def test_audit_commands_do_not_import_the_plane() -> None:
     """`warden audit` reads and converts records: it does not pay for importing
     the plane's pipeline, policy loader and type checker."""
-    loaded = set(run_python(CHECK_AUDIT_IMPORTS).split())
+    loaded = modules_loaded_by("audit", "verify", "--help")
     assert "warden_server.cli.audit" in loaded
     assert not loaded & {
         "warden_server.app",
