@@ -54,6 +54,24 @@ def load_example(name: str = "orders") -> ModuleType:
     return module
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The cache folder of the run, where cel-python's parser is saved once and
+    loaded by every plane the tests start (``policy.grammar``): the run's own,
+    shared by its workers, never the user's."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if base.name.startswith("popen-gw") else base) / "cache"
+    kept = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(folder)  # the planes started as processes inherit it
+    try:
+        yield folder
+    finally:
+        if kept is None:
+            del os.environ["XDG_CACHE_HOME"]
+        else:
+            os.environ["XDG_CACHE_HOME"] = kept
+
+
 @pytest.fixture(autouse=True)
 def outbox_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The state folder of the test's runtimes, where their outboxes are by default

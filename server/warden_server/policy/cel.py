@@ -23,6 +23,8 @@ from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError
 
+from warden_server.policy import grammar
+
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 
 # cel-python logs whole activations, inputs included, at DEBUG (and a failing
@@ -177,9 +179,9 @@ _FUNCTIONS = {
 
 @functools.cache
 def parser() -> celpy.Environment:
-    """cel-python's parser, for syntax trees. Built on first use: the first
-    environment of a process builds the grammar (about 0.3 s), which a command
-    that never reads a condition should not pay for in its imports."""
+    """cel-python's parser, for syntax trees. Made on first use (``grammar``),
+    not on import: a command that never reads a condition does not need it."""
+    grammar.ready()
     return celpy.Environment()
 
 
@@ -193,6 +195,7 @@ class CelPythonEvaluator:
     name = "cel-python"
 
     def __init__(self) -> None:
+        grammar.ready()
         self._env = celpy.Environment()
         self.reference: Evaluator = self
 
@@ -225,7 +228,9 @@ class CelPythonEvaluator:
 
 
 _PY_OVERLOAD = re.compile(
-    r"found no matching overload for Token\('RULE', '(\w+)'\) applied to '\((.*)\)'"
+    # The operator is the syntax tree's rule name: a Lark token where Lark
+    # built the parser, plain text where it was loaded (``policy.grammar``).
+    r"found no matching overload for (?:Token\('RULE', '(\w+)'\)|'(\w+)') applied to '\((.*)\)'"
 )
 _PY_CLASS = re.compile(r"<class 'celpy\.celtypes\.(\w+?)(?:Type)?'>")
 _CPP_OVERLOAD = re.compile(r"No matching overloads found : ([^\s(]+)\((.*)\)")
@@ -279,8 +284,9 @@ def error_in_words(message: str, expression: str) -> str:
     """
     text = message.strip().splitlines()[0] if message.strip() else "evaluation error"
     if match := _PY_OVERLOAD.search(text):
-        operator = _PY_OPERATORS.get(match.group(1), match.group(1))
-        types = [t.lower() for t in _PY_CLASS.findall(match.group(2))]
+        rule = match.group(1) or match.group(2)
+        operator = _PY_OPERATORS.get(rule, rule)
+        types = [t.lower() for t in _PY_CLASS.findall(match.group(3))]
         return f"no operator '{operator}' for ({', '.join(types)})"
     if match := _CPP_OVERLOAD.search(text):
         name, arguments = match.groups()
