@@ -50,17 +50,15 @@ def ready() -> None:
     if celparser.CELParser.CEL_PARSER is not None:
         return
     folder = cache_folder()
-    if folder is None:
-        celparser.CELParser()
-        return
-    path = folder / f"cel-parser-{_key()}.pickle"
-    loaded = _load(path)
+    path = folder / f"cel-parser-{_key()}.pickle" if folder is not None else None
+    loaded = _load(path) if path is not None else None
     if loaded is not None:
         celparser.CELParser.CEL_PARSER = loaded
         return
     celparser.CELParser()  # builds the parser, as cel-python's Environment would
-    with contextlib.suppress(OSError):
-        _save(path)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            _save(path)
 
 
 def _key() -> str:
