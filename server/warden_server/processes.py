@@ -51,6 +51,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
+import os
 import signal
 import sys
 import threading
@@ -92,6 +93,24 @@ def start_forkserver() -> None:
     """Start the server the joining processes are forked from, unless it runs:
     it imports the plane (most of a second) while the caller goes on."""
     multiprocessing.forkserver.ensure_running()
+
+
+def stop_forkserver() -> None:
+    """Stop the forkserver at once, even while it still imports the plane:
+    a start that failed exits, and its forkserver must not hold the caller's
+    stdout and stderr open for the rest of that import (a second or more).
+
+    multiprocessing has no public way to stop it; ``_stop`` closes the pipe
+    it watches and waits for it, which it reads only once its import is done,
+    so it is killed first. Nothing has been forked from it that still needs it.
+    """
+    server = multiprocessing.forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    server._stop()  # type: ignore[attr-defined]
 
 
 def freeze_what_is_loaded() -> None:

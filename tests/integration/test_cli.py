@@ -3,8 +3,10 @@ real processes for ``serve``."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
+import os
 import shutil
 import signal
 import socket
@@ -501,6 +503,50 @@ def test_serve_on_a_store_it_cannot_open_says_so_in_one_line(
     assert "Traceback" not in done.stderr, done.stderr
     # The store is opened before any key is made beside it.
     assert not default_key_path(store).exists(), "it made a grant key beside a store it cannot open"
+
+
+STUCK_FORKSERVER = """\
+import os, pathlib, time
+if b"forkserver" in pathlib.Path("/proc/self/cmdline").read_bytes():
+    pathlib.Path(os.environ["STUCK_FORKSERVER_PID"]).write_text(str(os.getpid()))
+    time.sleep(600)
+"""
+
+
+@pytest.mark.fixed_processes
+def test_a_failed_start_does_not_wait_for_the_forkserver_to_import_the_plane(
+    tmp_path: Path,
+) -> None:
+    """The forkserver starts first and imports the plane (a second or more)
+    while the first process loads; a start that fails must not leave it
+    holding the caller's stdout and stderr open until that import ends. Here
+    its import never ends: the interpreter stops it in ``sitecustomize``."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(STUCK_FORKSERVER)
+    pid_file = tmp_path / "forkserver.pid"
+    env = {**os.environ, "PYTHONPATH": str(hooks), "STUCK_FORKSERVER_PID": str(pid_file)}
+    store = store_that_is_not_a_file(tmp_path / "warden.db")
+    config_path = write_config(tmp_path / "cli")
+    command = [*warden_command(), "serve", "--config", str(config_path), "--store", str(store)]
+    try:
+        done = subprocess.run(
+            [*command, "--processes", "2"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert pid_file.exists(), "no forkserver was started: the test proves nothing"
+        assert done.returncode == 1
+        assert done.stderr.splitlines()[-1].startswith(f"Error: {store}: cannot open the store")
+    except subprocess.TimeoutExpired:
+        pytest.fail("the failed start's output stayed open while the forkserver imported")
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def serve_until_ready(

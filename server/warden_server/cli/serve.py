@@ -12,6 +12,8 @@ import click
 from warden_server.cli.common import CONFIG_OPTION, load
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from warden_server.app import Server
     from warden_server.config import Config
 
@@ -93,25 +95,14 @@ def serve(
         from warden_server.processes import start_forkserver
 
         start_forkserver()
-    from warden_server.addresses import MetricsUnavailable
-    from warden_server.app import launch
     from warden_server.placement import cpus_for
-    from warden_server.policy.loader import PolicyLoadError
     from warden_server.processes import freeze_what_is_loaded
-    from warden_server.store import StoreError
     from warden_server.telemetry.logs import configure_logging
 
     configure_logging(log_level, log_format or config.telemetry.log_format)
     freeze_what_is_loaded()
     cpus = cpus_for(config.process_count, pin=config.server.pin_processes)
-    try:
-        server = launch(config, cpus=cpus, addresses_checked=True)
-    except PolicyLoadError as exc:
-        raise click.ClickException(f"the policy set has problems:\n{exc}") from None
-    except MetricsUnavailable as exc:  # taken since it was checked
-        raise _metrics_refused(exc) from None
-    except (OSError, ValueError, StoreError) as exc:
-        raise click.ClickException(str(exc)) from None
+    server = _launch(config, cpus)
     running.append(server)
     count = config.process_count
     click.echo(
@@ -126,6 +117,28 @@ def serve(
     if stopping.is_set():
         server.stop()
     server.wait()
+
+
+def _launch(config: Config, cpus: Sequence[int] | None) -> Server:
+    """``app.launch``, its refusals worded for the command line."""
+    from warden_server.addresses import MetricsUnavailable
+    from warden_server.app import launch
+    from warden_server.policy.loader import PolicyLoadError
+    from warden_server.processes import stop_forkserver
+    from warden_server.store import StoreError
+
+    try:
+        try:
+            return launch(config, cpus=cpus, addresses_checked=True)
+        except BaseException:
+            stop_forkserver()  # the start failed: exit without waiting for its import
+            raise
+    except PolicyLoadError as exc:
+        raise click.ClickException(f"the policy set has problems:\n{exc}") from None
+    except MetricsUnavailable as exc:  # taken since it was checked
+        raise _metrics_refused(exc) from None
+    except (OSError, ValueError, StoreError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _check_addresses(config: Config) -> None:
