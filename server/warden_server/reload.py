@@ -10,8 +10,11 @@ record of a load is durable before the first decision can use the new set.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -242,6 +245,30 @@ class PolicyReloader:
 
 def _compile(
     config: Config, source: PolicySource, registry: Registry, in_force: PolicySet | None = None
+) -> PolicySet:
+    with collector_paused():
+        return _compile_now(config, source, registry, in_force)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a policy set compiles. Compiling
+    makes hundreds of thousands of objects that live (the set) or die by
+    reference count alone, and each collection the allocations trigger walks
+    the set made so far again: a quarter of a 5,000-rule compile. Garbage
+    left in cycles meanwhile is collected once the collector runs again."""
+    if not gc.isenabled():  # paused already (another compile), or off for good
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _compile_now(
+    config: Config, source: PolicySource, registry: Registry, in_force: PolicySet | None
 ) -> PolicySet:
     compiled = compile_policies(
         source,

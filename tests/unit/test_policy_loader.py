@@ -3,12 +3,18 @@ sorted; and the policy set's revision as a content hash."""
 
 from __future__ import annotations
 
+import gc
+import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import EXAMPLE_POLICIES
+from warden_server.policy.inputs import InputSchema
 from warden_server.policy.loader import PolicyLoadError, Problem, load_policies
+from warden_server.reload import collector_paused
 
 
 def write(folder: Path, **files: str) -> Path:
@@ -430,3 +436,51 @@ def test_a_rule_is_type_checked_against_every_distinct_input_schema(
     assert problem.line == 5
     assert problem.message.endswith("input.amount is a string in orders.text v1")
     load_policies(tmp_path, evaluator=CelCppEvaluator(), capabilities=alike)
+
+
+# -- what a compile leaves behind --------------------------------------------
+
+
+def test_compiling_a_policy_set_leaves_no_garbage_in_reference_cycles() -> None:
+    """What a compile does not keep (each file's parsed document above all: a
+    tuple per node) is freed by reference counting as it goes. Left in
+    cycles, it waited for the cycle collector, whose passes during a large
+    compile (paused since: ``reload.collector_paused``) walked it again and
+    again."""
+    snapshot = json.loads((EXAMPLE_POLICIES / "capabilities.json").read_text())
+    capabilities = [
+        InputSchema(c["id"], c["input_schema"], c["version"]) for c in snapshot["capabilities"]
+    ]
+    load_policies(EXAMPLE_POLICIES, capabilities=capabilities)  # what is made once per process
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        policies = load_policies(EXAMPLE_POLICIES, capabilities=capabilities)
+        gc.collect()
+        left = Counter(type(o).__name__ for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+    assert policies.rules and policies.limits, "the example set should exercise rules and limits"
+    assert not left, f"objects left in reference cycles by a compile: {left.most_common(8)}"
+
+
+def test_the_collector_is_paused_while_a_set_compiles_and_resumes_after() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(PolicyLoadError), collector_paused():
+        raise PolicyLoadError([], "revision", ())
+    assert gc.isenabled(), "a compile that failed left the collector off"
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled(), "a collector that was off was turned on"
+    finally:
+        gc.enable()

@@ -75,9 +75,12 @@ class Program(Protocol):
     comprehension_depth: int
     """How deeply comprehensions (all, exists, map, filter) nest: each level
     multiplies the work by the length of a list."""
-    reference: Program
-    """The same expression compiled by the reference evaluator (itself, for a
-    reference program): what a faster program is compared with."""
+
+    @property
+    def reference(self) -> Program:
+        """The same expression compiled by the reference evaluator (itself, for
+        a reference program): what a faster program is compared with."""
+        ...
 
     def evaluate(self, activation: Activation) -> Any:
         """The expression's value as plain Python (bool, str, int, ...).
@@ -91,8 +94,11 @@ class Program(Protocol):
 class Evaluator(Protocol):
     name: str
     """How the evaluator is named in logs, audit records and policy test reports."""
-    reference: Evaluator
-    """The reference evaluator (itself, for the reference)."""
+
+    @property
+    def reference(self) -> Evaluator:
+        """The reference evaluator (itself, for the reference)."""
+        ...
 
     def compile(self, expression: str) -> Program:
         """Parse and prepare an expression.
@@ -124,7 +130,12 @@ class _CelProgram:
         self.size = len(subtrees)
         self.depth = _depth(tree)
         self.comprehension_depth = _comprehension_depth(tree)
-        self.reference: Program = self
+
+    @property
+    def reference(self) -> Program:
+        """Itself (a property: an attribute naming itself is a reference
+        cycle, which only the cycle collector would free)."""
+        return self
 
     def evaluate(self, activation: Activation) -> Any:
         assert isinstance(activation, _CelActivation)
@@ -197,7 +208,11 @@ class CelPythonEvaluator:
     def __init__(self) -> None:
         grammar.ready()
         self._env = celpy.Environment()
-        self.reference: Evaluator = self
+
+    @property
+    def reference(self) -> Evaluator:
+        """Itself."""
+        return self
 
     def compile(self, expression: str) -> Program:
         try:

@@ -368,6 +368,17 @@ class _FileChecker:
                 self._expression(path, expansion, allowed, (), "variable")
 
     def check(self, raw: bytes) -> list[CompiledRule]:
+        """Check and compile the file: its rules that compiled (its limits in
+        ``limits``, every problem in ``problems``). Called once per checker."""
+        try:
+            return self._check(raw)
+        finally:
+            # The definitions report through a method of this checker: left in
+            # place, that cycle would keep the file's parsed document (a tuple
+            # per node) alive until the cycle collector ran.
+            del self.definitions
+
+    def _check(self, raw: bytes) -> list[CompiledRule]:
         try:
             self.document = yamlpos.load(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
