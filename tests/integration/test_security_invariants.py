@@ -205,7 +205,9 @@ def test_si3_decision_record_is_committed_before_the_grant_returns(
         lab_plant.target,
         ORDERS_TOKEN,
         lab,
-        governance_timeout_ms=500,
+        # The held call waits all of it; registering first must not (500 ms
+        # was too short for a Register on a busy two-core machine).
+        governance_timeout_ms=2_000,
         retry=warden.RetryPolicy(max_attempts=1),
     )
     try:
