@@ -339,8 +339,7 @@ def serve(
             plane.telemetry.metrics.processes_replaced.inc()
 
         others.joined.supervise(replaced)
-    for name in (*SERVICE_NAMES, ""):
-        loop.run(health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING))
+    loop.run(_health_of_all(health_servicer, health_pb2.HealthCheckResponse.SERVING))
     log.info(
         "warden listening on %s:%d (policy revision %s, %s, pid %d, one of %d processes)",
         host,
@@ -475,11 +474,23 @@ async def _grpc_server(
     grants_pb2_grpc.add_GrantKeysServicer_to_server(GrantKeysServicer(plane), server)
     audit_pb2_grpc.add_AuditServicer_to_server(AuditServicer(plane), server)
     health_servicer = health_aio.HealthServicer()  # answered on the loop
+    # Known, and not serving, until ``serve`` says otherwise: a health check
+    # that reaches this process first (its port is shared) is told to wait,
+    # not that the service does not exist.
+    await _health_of_all(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     return server, health_servicer
+
+
+async def _health_of_all(
+    health_servicer: health_aio.HealthServicer, status: health_pb2.HealthCheckResponse.ServingStatus
+) -> None:
+    """Set every service's health, and the server's as a whole (``""``), at once."""
+    for name in (*SERVICE_NAMES, ""):
+        await health_servicer.set(name, status)
 
 
 async def _bind(server: grpc.aio.Server, config: Config, listen: str) -> int:

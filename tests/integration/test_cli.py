@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -319,7 +320,14 @@ def test_serve_is_healthy_reflects_its_services_and_stops_cleanly_on_sigterm(
 
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "warden.v1.Governor", "warden.v1.Registry"):
+            # This connection may reach the other process, which may say
+            # SERVING a moment later than the one the wait above reached.
             answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            deadline = time.monotonic() + 10
+            while answer.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                assert time.monotonic() < deadline, f"{service} never said SERVING"
+                time.sleep(0.01)
+                answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
 
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)

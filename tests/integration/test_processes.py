@@ -14,12 +14,13 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks import process_tree
 from tests.conftest import EXAMPLE_POLICIES, ORDERS_TOKEN, Plant, copy_policies, make_config
 from warden.shared.wire import PROCESS_METADATA, SERVICE_TOKEN_METADATA
 from warden.v1 import governor_pb2, governor_pb2_grpc, policy_pb2, policy_pb2_grpc
-from warden_server.app import launch, serve
+from warden_server.app import SERVICE_NAMES, ServerLoop, _grpc_server, launch, serve
 from warden_server.plane import Plane
 from warden_server.policy.loader import PolicyLoadError
 
@@ -157,6 +158,32 @@ def test_a_plane_serves_on_every_process_from_its_first_connection(tmp_path: Pat
         process.terminate()
         _, stderr = process.communicate(timeout=30)
     assert len(reached) == 2, f"16 connections all reached one process\n{stderr}"
+
+
+def test_a_process_started_but_not_yet_serving_says_not_serving_for_every_service(
+    tmp_path: Path,
+) -> None:
+    """The processes of a plane share its port and say SERVING one after the
+    other (a joined one once it is ready, the first once all are). A health
+    check that reaches one in between must hear NOT_SERVING, a status a probe
+    waits out, not NOT_FOUND, which says the service does not exist."""
+    plane = Plane.from_config(make_config(tmp_path, processes=1))
+    loop = ServerLoop()
+    server = None
+    try:
+        server, _ = loop.run(_grpc_server(plane, 1))
+        port = server.add_insecure_port("127.0.0.1:0")
+        loop.run(server.start())  # started, as serve() does before it says SERVING
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for name in ("", *SERVICE_NAMES):
+                answer = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10)
+                assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING, name
+    finally:
+        if server is not None:
+            loop.run(server.stop(0))
+        plane.close()
+        loop.close()
 
 
 def _process_of(channel: grpc.Channel, token: str) -> str:
