@@ -12,14 +12,17 @@ the server's thread pool (``[server] workers``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+import traceback
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import grpc
 import grpc.aio
@@ -93,6 +96,43 @@ class ServerLoop:
         self.loop.close()
 
 
+SLOW_STOP_S: Final = 5.0
+
+
+@contextlib.contextmanager
+def reported_if_slow(after_s: float, doing: str) -> Iterator[None]:
+    """Log the stack of every thread of the process (code positions only, no
+    values) if the block is still running ``after_s`` seconds after it began:
+    a plane that does not stop says where it waits."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(after_s):
+            log.warning(
+                "%s has taken more than %g s; the threads of process %d are at:\n%s",
+                doing,
+                after_s,
+                os.getpid(),
+                _thread_stacks(),
+            )
+
+    threading.Thread(target=watch, name="warden-slow-watch", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _thread_stacks() -> str:
+    frames = sys._current_frames()
+    me = threading.get_ident()
+    return "\n".join(
+        f"thread {thread.name}:\n{''.join(traceback.format_stack(frames[thread.ident]))}"
+        for thread in threading.enumerate()
+        if thread.ident in frames and thread.ident != me
+    )
+
+
 SERVICE_NAMES = (
     governor_pb2.DESCRIPTOR.services_by_name["Governor"].full_name,
     registry_pb2.DESCRIPTOR.services_by_name["Registry"].full_name,
@@ -123,6 +163,8 @@ class Server:
     anchors: AnchorPublisher | None = field(default=None, repr=False)
     notifier: Notifier | None = field(default=None, repr=False)
     reporter: ReplicaReporter | None = field(default=None, repr=False)
+    slow_stop_s: float = field(default=SLOW_STOP_S, repr=False)
+    """A stop still going after this long logs where every thread of the process is."""
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -134,6 +176,10 @@ class Server:
         if self._stopped:
             return
         self._stopped = True
+        with reported_if_slow(self.slow_stop_s, "stopping"):
+            self._stop(grace)
+
+    def _stop(self, grace: float | None) -> None:
         self.plane.reloader.stopping()  # winds down while the rest stops
         if self.joined is not None:
             self.joined.stop(grace)

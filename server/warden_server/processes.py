@@ -333,10 +333,16 @@ class JoinedProcesses:
         for each in joined:
             if each.process.is_alive():
                 each.process.terminate()  # SIGTERM: the process drains, then exits
-        deadline = time.monotonic() + (grace or 0) + 10
+        allowed_s = (grace or 0) + 10
+        deadline = time.monotonic() + allowed_s
         for each in joined:
             each.process.join(timeout=max(0.1, deadline - time.monotonic()))
             if each.process.is_alive():
+                log.warning(
+                    "process %s did not stop within %g s of SIGTERM: killed",
+                    each.process.pid,
+                    allowed_s,
+                )
                 each.process.kill()
                 each.process.join()
             _close(each)

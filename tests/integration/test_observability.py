@@ -478,3 +478,26 @@ def test_text_logs_carry_the_same_fields(
     assert any(
         f"invocation_id={env.invocation_id}" in line and "kind=decision" in line for line in lines
     )
+
+
+def test_a_stop_that_takes_long_logs_where_every_thread_is(
+    lab_plant: Plant, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plane that does not stop says where it waits: past ``slow_stop_s``
+    (here at once), a warning carries the stack of every thread, the stopping
+    one in its stop."""
+    lab_plant.server.slow_stop_s = 0.0
+    with caplog.at_level(logging.WARNING, logger="warden_server.app"):
+        lab_plant.server.stop(grace=0)
+    (warning,) = [r.getMessage() for r in caplog.records if "has taken more than" in r.getMessage()]
+    assert warning.startswith("stopping has taken more than 0 s; the threads of process")
+    assert "thread MainThread:" in warning
+    assert "in test_a_stop_that_takes_long_logs_where_every_thread_is\n" in warning
+    assert ", in stop\n" in warning, warning
+    assert "thread warden-loop:" in warning
+
+
+def test_a_quick_stop_logs_nothing(lab_plant: Plant, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="warden_server.app"):
+        lab_plant.server.stop(grace=0)
+    assert not [r for r in caplog.records if "has taken more than" in r.getMessage()]
