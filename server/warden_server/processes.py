@@ -205,7 +205,10 @@ class JoinedProcesses:
             target=_join,
             args=(self._spec, ready_child, lifeline_child, cpu),
             name="warden-joined",
-            daemon=False,
+            # Should this process exit without stopping them (an error in
+            # its stop), multiprocessing terminates them, which they drain on,
+            # instead of waiting at the exit for processes nobody told to stop.
+            daemon=True,
         )
         try:
             with _main_module_aside():

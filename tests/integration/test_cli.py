@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import warden
-from benchmarks import free_port, wait_until_serving
+from benchmarks import free_port, process_tree, wait_until_serving
 from tests.conftest import ACTOR_SECRET, EXAMPLE_POLICIES, Plant
 from warden_server import cli
 from warden_server.auth.actors import ActorVerifier
@@ -511,6 +511,52 @@ def test_serve_on_a_store_it_cannot_open_says_so_in_one_line(
     assert "Traceback" not in done.stderr, done.stderr
     # The store is opened before any key is made beside it.
     assert not default_key_path(store).exists(), "it made a grant key beside a store it cannot open"
+
+
+@pytest.mark.fixed_processes
+def test_serve_stops_on_sigterm_after_whoever_read_its_output_went_away(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    """A supervisor that stopped reading the plane's output (a log pipe
+    closed) must still be able to stop it. Its notice of the signal, written
+    to a pipe nobody reads, raised from the signal handler before the stop,
+    and the first process then waited at its exit, for good, for another
+    process that nobody had told to stop."""
+    config_path = write_config(tmp_path / "cli")
+    target = f"127.0.0.1:{free_port()}"
+    process = subprocess.Popen(
+        [*warden_command(), "serve", "--config", str(config_path), "--listen", target],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    processes.append(process)
+    wait_until_serving(target, process, seconds=30)
+    tree = process_tree(process.pid)
+    assert len(tree) >= 3, "the plane should run two processes and the forkserver"
+    assert process.stderr is not None
+    process.stderr.close()  # nobody reads what it says any more
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail("warden serve did not stop within 30 s of SIGTERM")
+    assert process.returncode == 0
+    deadline = time.monotonic() + 10
+    while (alive := [pid for pid in tree[1:] if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive, f"processes left behind: {alive}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 STUCK_FORKSERVER = """\

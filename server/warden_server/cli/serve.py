@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from pathlib import Path
@@ -81,8 +82,8 @@ def serve(
     running: list[Server] = []
 
     def stop(signum: int, _frame: Any) -> None:
-        click.echo(f"received {signal.Signals(signum).name}, stopping", err=True)
         stopping.set()
+        _say(f"received {signal.Signals(signum).name}, stopping")
         if running:
             running[0].stop()
 
@@ -104,19 +105,31 @@ def serve(
     cpus = cpus_for(config.process_count, pin=config.server.pin_processes)
     server = _launch(config, cpus)
     running.append(server)
-    count = config.process_count
-    click.echo(
-        f"warden serving on {server.target} (store {config.store_path}, "
-        f"policies {config.policies_path}, {count} process{'es' if count > 1 else ''}"
-        f"{', on CPUs ' + ', '.join(map(str, cpus)) if cpus else ''})",
-        err=True,
-    )
-    if server.metrics_port is not None:
-        host = (config.telemetry.metrics_listen or "").rpartition(":")[0]
-        click.echo(f"metrics on http://{host}:{server.metrics_port}/metrics", err=True)
-    if stopping.is_set():
+    try:
+        count = config.process_count
+        _say(
+            f"warden serving on {server.target} (store {config.store_path}, "
+            f"policies {config.policies_path}, {count} process{'es' if count > 1 else ''}"
+            f"{', on CPUs ' + ', '.join(map(str, cpus)) if cpus else ''})"
+        )
+        if server.metrics_port is not None:
+            host = (config.telemetry.metrics_listen or "").rpartition(":")[0]
+            _say(f"metrics on http://{host}:{server.metrics_port}/metrics")
+        if stopping.is_set():
+            server.stop()
+        server.wait()
+    finally:
+        # Whatever ended the wait, the other processes are told to stop: left
+        # serving, they would hold this process at its exit for good.
         server.stop()
-    server.wait()
+
+
+def _say(line: str) -> None:
+    """A line on stderr for whoever runs the plane, if anyone still reads it
+    (a supervisor's log pipe may have closed): losing it must not stop a
+    stop, or a start."""
+    with contextlib.suppress(OSError):
+        click.echo(line, err=True)
 
 
 def _launch(config: Config, cpus: Sequence[int] | None) -> Server:
