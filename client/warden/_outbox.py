@@ -302,6 +302,8 @@ class Outbox:
         self._failures: dict[str, int] = {}
         self._taken: list[str] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._shutting_down = False
+        """Set on the loop once closing has begun: no new work starts."""
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="warden-outbox", daemon=True
         )
@@ -442,6 +444,11 @@ class Outbox:
     # -- the outbox's own loop ---------------------------------------------
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        if self._shutting_down:
+            # A send a timer started while the outbox closes: the loop stops
+            # before it would run. Its reports stay in the file for the next run.
+            work.close()
+            return
         task = self._loop.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -658,6 +665,7 @@ class Outbox:
             self._take_over()
 
     async def _shutdown(self) -> None:
+        self._shutting_down = True
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

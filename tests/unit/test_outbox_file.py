@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import threading
 from pathlib import Path
 
+import warden
 from warden._outbox import _ReportFile
 
 
@@ -37,3 +39,25 @@ def test_processes_opening_one_outbox_take_turns(tmp_path: Path) -> None:
         assert opened_file.adopt() == []
     finally:
         opened_file.close()
+
+
+def test_a_send_started_while_the_outbox_closes_is_dropped_not_left_pending(
+    tmp_path: Path,
+) -> None:
+    """A timer can start a send while the outbox shuts down; the loop stops
+    before it would run, and a task left pending at the loop's close is
+    destroyed unawaited. Once closing has begun, no new work starts (its
+    reports stay in the file)."""
+    rt = warden.Runtime(
+        "127.0.0.1:9", service="orders", token="t", outbox=tmp_path / "outbox.sqlite"
+    )
+    outbox = rt._outbox
+    try:
+        asyncio.run_coroutine_threadsafe(outbox._shutdown(), outbox._loop).result(timeout=10)
+        late = asyncio.sleep(3600)
+        outbox._loop.call_soon_threadsafe(outbox._spawn, late)
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), outbox._loop).result(timeout=10)
+        assert late.cr_frame is None, "the late send was neither run nor closed"
+        assert not outbox._tasks
+    finally:
+        rt.close()
