@@ -184,6 +184,25 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
             process.communicate(timeout=10)
 
 
+def start_serve(
+    processes: list[subprocess.Popen[str]],
+    config_path: Path,
+    target: str,
+    *args: str,
+    stdout: int = subprocess.PIPE,
+) -> subprocess.Popen[str]:
+    """``warden serve`` on ``target`` as a real process, its stderr piped (the
+    ``processes`` fixture kills it if the test leaves it running)."""
+    process = subprocess.Popen(
+        [*warden_command(), "serve", "--config", str(config_path), "--listen", target, *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    processes.append(process)
+    return process
+
+
 @pytest.mark.fixed_processes
 def test_python_dash_m_runs_the_cli() -> None:
     done = subprocess.run(
@@ -302,13 +321,7 @@ def test_serve_is_healthy_reflects_its_services_and_stops_cleanly_on_sigterm(
 ) -> None:
     config_path = write_config(tmp_path / "cli")
     target = f"127.0.0.1:{free_port()}"
-    process = subprocess.Popen(
-        [*warden_command(), "serve", "--config", str(config_path), "--listen", target],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    processes.append(process)
+    process = start_serve(processes, config_path, target)
     channel = grpc.insecure_channel(target)
     try:
         try:
@@ -419,13 +432,7 @@ def test_serve_on_an_address_another_plane_holds_fails_instead_of_sharing_it(
     """A second plane on a busy port must not silently share it (gRPC's
     SO_REUSEPORT would let the kernel split traffic between the two)."""
     config_path = write_config(tmp_path / "cli")
-    process = subprocess.Popen(
-        [*warden_command(), "serve", "--config", str(config_path), "--listen", plant.target],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    processes.append(process)
+    process = start_serve(processes, config_path, plant.target)
     try:
         _, stderr = process.communicate(timeout=60)  # a start on a busy machine takes long
     except subprocess.TimeoutExpired:
@@ -524,13 +531,7 @@ def test_serve_stops_on_sigterm_after_whoever_read_its_output_went_away(
     process that nobody had told to stop."""
     config_path = write_config(tmp_path / "cli")
     target = f"127.0.0.1:{free_port()}"
-    process = subprocess.Popen(
-        [*warden_command(), "serve", "--config", str(config_path), "--listen", target],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    processes.append(process)
+    process = start_serve(processes, config_path, target, stdout=subprocess.DEVNULL)
     wait_until_serving(target, process, seconds=30)
     tree = process_tree(process.pid)
     assert len(tree) >= 3, "the plane should run two processes and the forkserver"
@@ -609,13 +610,7 @@ def serve_until_ready(
     """Run ``warden serve``: its exit status and standard error once it stopped
     by itself, or once it served (then it is stopped with SIGTERM)."""
     target = f"127.0.0.1:{free_port()}"
-    process = subprocess.Popen(
-        [*warden_command(), "serve", "--config", str(config_path), "--listen", target, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    processes.append(process)
+    process = start_serve(processes, config_path, target, *args)
     try:
         wait_until_serving(target, process, seconds=30)
     except RuntimeError:
