@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -480,17 +481,32 @@ def test_text_logs_carry_the_same_fields(
     )
 
 
+def _slow_stop_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "has taken more than" in r.getMessage()]
+
+
 def test_a_stop_that_takes_long_logs_where_every_thread_is(
-    lab_plant: Plant, caplog: pytest.LogCaptureFixture
+    lab_plant: Plant, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A plane that does not stop says where it waits: past ``slow_stop_s``
-    (here at once), a warning carries the stack of every thread, the stopping
-    one in its stop."""
-    lab_plant.server.slow_stop_s = 0.0
+    (here 10 ms), a warning carries the stack of every thread, the stopping
+    one in its stop. The stop's first step is held until the warning is out,
+    so the watch cannot find the stop already over however late it runs."""
+    server = lab_plant.server
+    server.slow_stop_s = 0.01
+    stopping = server.plane.reloader.stopping
+
+    def held_stopping() -> None:
+        deadline = time.monotonic() + 30
+        while not _slow_stop_warnings(caplog) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        stopping()
+
+    monkeypatch.setattr(server.plane.reloader, "stopping", held_stopping)
     with caplog.at_level(logging.WARNING, logger="warden_server.app"):
-        lab_plant.server.stop(grace=0)
-    (warning,) = [r.getMessage() for r in caplog.records if "has taken more than" in r.getMessage()]
-    assert warning.startswith("stopping has taken more than 0 s; the threads of process")
+        server.stop(grace=0)
+    (warning,) = _slow_stop_warnings(caplog)
+    assert warning.startswith("stopping has taken more than 0.01 s; the threads of process")
     assert "thread MainThread:" in warning
     assert "in test_a_stop_that_takes_long_logs_where_every_thread_is\n" in warning
     assert ", in stop\n" in warning, warning
@@ -500,4 +516,4 @@ def test_a_stop_that_takes_long_logs_where_every_thread_is(
 def test_a_quick_stop_logs_nothing(lab_plant: Plant, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="warden_server.app"):
         lab_plant.server.stop(grace=0)
-    assert not [r for r in caplog.records if "has taken more than" in r.getMessage()]
+    assert not _slow_stop_warnings(caplog)
