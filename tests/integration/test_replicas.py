@@ -29,6 +29,7 @@ from tests.integration.guarantees.lab import Ledger, build_payments, write_guara
 from tests.integration.lab import Lab, build_lab, write_lab_policies
 from tests.integration.outcome_load import start_client, wait_for_count
 from tests.integration.test_replica_status import BROKEN, status_of, wait_for_status
+from tests.integration.test_replica_status import warden as warden_cli
 from tests.unit.approval_records import pending
 from warden_server.app import serve
 from warden_server.audit.reader import verify
@@ -400,11 +401,11 @@ audience = "warden"
 
 
 def _policy_status(port: int, token: str) -> dict[str, Any]:
-    """``warden policy status --json`` of one replica, with the id of the one answering."""
-    result = subprocess.run(
-        [*warden_command(), "policy", "status", "--target", f"127.0.0.1:{port}",
-         "--token", token, "--json"],
-        capture_output=True, text=True, check=False,
+    """``warden policy status --json`` of one replica, with the id of the one
+    answering. The command runs in this process: the test polls it, and a
+    fresh interpreter per poll cost more than the planes it watches."""
+    result = warden_cli(
+        "policy", "status", "--target", f"127.0.0.1:{port}", "--token", token, "--json"
     )  # fmt: skip
     data: dict[str, Any] = json.loads(result.stdout)
     data["answering"] = next((r["id"] for r in data["replicas"] if r["answering"]), "")
