@@ -298,7 +298,8 @@ class PoliciesSection(_Section):
 
 class TelemetrySection(_Section):
     metrics_listen: str | None = None
-    """host:port of the Prometheus endpoint (``/metrics``); unset serves none."""
+    """host:port of the Prometheus endpoint (``/metrics``), an IPv6 host in
+    brackets (``[::1]:9464``); unset serves none."""
     traces: Literal["none", "console", "otlp"] = "none"
     """Where finished spans go: ``otlp`` sends them to an OpenTelemetry
     collector over OTLP/HTTP. Trace ids reach the audit records either way."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 import urllib.request
 import uuid
@@ -370,19 +371,41 @@ def test_policy_loads_and_refusals_are_counted_as_they_are_recorded(
     assert recorded == ["loaded", "loaded", "rejected"]
 
 
-def test_metrics_are_served_over_http_where_the_config_says(tmp_path: Path) -> None:
+def _scrape(tmp_path: Path, listen: str, host: str) -> str:
     base = make_config(tmp_path, write_lab_policies(tmp_path / "lab"))
     data = base.model_dump(mode="json", exclude={"base_dir"})
-    data["telemetry"] = {"metrics_listen": "127.0.0.1:0"}
+    data["telemetry"] = {"metrics_listen": listen}
     config = config_from_dict(data, base_dir=tmp_path)
     with serve(Plane.from_config(config), "127.0.0.1:0") as server:
         assert server.metrics_port
-        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        url = f"http://{host}:{server.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
-            body = response.read().decode()
+            return str(response.read().decode())
+
+
+def test_metrics_are_served_over_http_where_the_config_says(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    body = _scrape(tmp_path, "127.0.0.1:0", "127.0.0.1")
     assert "# TYPE warden_decisions_total counter" in body
     assert "# TYPE warden_audit_commit_batch_size histogram" in body
     assert 'warden_policy_reloads_total{result="ok"} 1.0' in body
+    assert "GET /metrics" not in capfd.readouterr().err, "a scrape is not a line of the log"
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_metrics_listen_takes_an_ipv6_address_in_brackets(tmp_path: Path) -> None:
+    body = _scrape(tmp_path, "[::1]:0", "[::1]")
+    assert "# TYPE warden_decisions_total counter" in body
 
 
 # -- logs --------------------------------------------------------------------------
