@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_config
+from tests.integration.store_opener import open_store
 from warden_server.config import ConfigError, config_from_dict
 from warden_server.store.migrations import MIGRATIONS
-from warden_server.store.sqlite import SQLiteStore
 
 # These open stores and read configs; no plane here is served with the count
 # of WARDEN_TEST_PROCESSES, so they run once whatever counts it lists.
@@ -21,17 +21,12 @@ pytestmark = pytest.mark.fixed_processes
 STARTERS = 6
 
 
-def _open_store(path: str, start: multiprocessing.synchronize.Barrier) -> None:
-    start.wait()
-    SQLiteStore(path).close()
-
-
 def test_planes_starting_together_on_a_fresh_file_migrate_it_once(tmp_path: Path) -> None:
     path = tmp_path / "fresh.db"
     context = multiprocessing.get_context("spawn")
     start = context.Barrier(STARTERS)
     starters = [
-        context.Process(target=_open_store, args=(str(path), start)) for _ in range(STARTERS)
+        context.Process(target=open_store, args=(str(path), start)) for _ in range(STARTERS)
     ]
     for process in starters:
         process.start()
