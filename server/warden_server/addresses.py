@@ -74,16 +74,28 @@ def check_metrics_address(listen: str | None) -> None:
     """
     if not listen or listen.rpartition(":")[2] == "0":
         return
-    host = listen.rpartition(":")[0]
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host or "127.0.0.1", port(listen), type=socket.SOCK_STREAM
-        )[0]
+        family, kind, proto, address = metrics_address(listen)
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(address)
     except (OSError, ValueError) as exc:
         raise MetricsUnavailable(listen, exc) from None
+
+
+def metrics_address(listen: str) -> tuple[socket.AddressFamily, socket.SocketKind, int, Any]:
+    """Where ``/metrics`` binds for ``listen``: the first address of its host
+    (an IPv6 host in brackets; 127.0.0.1 when none is given).
+
+    Raises:
+        OSError: the host does not resolve.
+        ValueError: the port is not a number from 0 to 65535.
+    """
+    host = listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port(listen), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    return family, kind, proto, address
 
 
 def addresses(listen: str) -> list[tuple[socket.AddressFamily, socket.SocketKind, int, Any]]:

@@ -26,6 +26,7 @@ from tests.conftest import ORDERS_TOKEN, Plant, make_config
 from tests.integration.approving import approval_rows, approver
 from tests.integration.lab import EchoOut, write_lab_policies
 from warden.v1 import errors_pb2, governor_pb2, governor_pb2_grpc
+from warden_server.addresses import check_metrics_address
 from warden_server.app import serve
 from warden_server.config import config_from_dict
 from warden_server.plane import Plane
@@ -404,7 +405,12 @@ def _ipv6_loopback() -> bool:
 
 @pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
 def test_metrics_listen_takes_an_ipv6_address_in_brackets(tmp_path: Path) -> None:
-    body = _scrape(tmp_path, "[::1]:0", "[::1]")
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))
+        port = probe.getsockname()[1]
+    listen = f"[::1]:{port}"
+    check_metrics_address(listen)  # what warden serve checks before it starts anything
+    body = _scrape(tmp_path, listen, "[::1]")
     assert "# TYPE warden_decisions_total counter" in body
 
 

@@ -10,7 +10,6 @@ exposition without bound.
 from __future__ import annotations
 
 import logging
-import socket
 import socketserver
 import threading
 import urllib.request
@@ -31,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from warden.shared.codes import CODES
+from warden_server.addresses import metrics_address
 from warden_server.records.events import AuditEvent
 
 log = logging.getLogger(__name__)
@@ -258,21 +258,12 @@ class MetricsEndpoint:
     def __init__(
         self, metrics: Metrics, listen: str, peers: Callable[[], Sequence[int]] = tuple
     ) -> None:
-        host, _, port = listen.rpartition(":")
-        host = host.strip("[]") or "127.0.0.1"
         registry = CollectorRegistry()
         registry.register(_Combined(metrics.registry, peers))
-        # The address family of the host, as http.server and prometheus_client pick it.
-        family, *_, address = socket.getaddrinfo(
-            host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+        family, _, _, address = metrics_address(listen)
         server_class = type("_MetricsServer", (_MetricsServer,), {"address_family": family})
         self._server: WSGIServer = make_server(
-            str(address[0]),
-            int(port),
-            make_wsgi_app(registry),
-            server_class,
-            handler_class=_QuietHandler,
+            address[0], address[1], make_wsgi_app(registry), server_class, _QuietHandler
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever,
