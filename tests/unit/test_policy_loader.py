@@ -438,6 +438,29 @@ def test_a_rule_is_type_checked_against_every_distinct_input_schema(
     load_policies(tmp_path, evaluator=CelCppEvaluator(), capabilities=alike)
 
 
+def test_capabilities_sharing_a_schema_are_each_named_in_their_own_problems(
+    tmp_path: Path,
+) -> None:
+    """The checker makes one message type per distinct schema; a problem
+    still names the capability whose rule it is in, not the first one that
+    had the schema."""
+    from warden_server.policy.celcpp import CelCppEvaluator
+    from warden_server.policy.inputs import InputSchema
+
+    (tmp_path / "rules.yaml").write_text(
+        'rules:\n  - id: list\n    capabilities: ["orders.list"]\n'
+        '    effect: deny\n    when: input.amount == "0"\n'
+        '  - id: pay\n    capabilities: ["orders.pay"]\n'
+        "    effect: deny\n    when: input.amount > 5\n"
+    )
+    text = {"type": "object", "properties": {"amount": {"type": "string"}}}
+    schemas = [InputSchema(name, dict(text), "2") for name in ("orders.list", "orders.pay")]
+    with pytest.raises(PolicyLoadError) as raised:
+        load_policies(tmp_path, evaluator=CelCppEvaluator(), capabilities=schemas)
+    (problem,) = raised.value.problems
+    assert problem.message.endswith("input.amount is a string in orders.pay v2")
+
+
 # -- what a compile leaves behind --------------------------------------------
 
 

@@ -175,6 +175,8 @@ class TypeChecker:
         self._extra = dict(extra or {})
         """More declared variables (name → CEL type), e.g. a file's ``v`` and ``c``."""
         self._typed: dict[tuple[str, str, int], _Typed] = {}
+        self._shapes: dict[str, _Typed] = {}
+        """Each distinct schema's message type, by its ``shape``."""
         self._untyped: _Typed | None = None
         self._counter = itertools.count(1)
         self._clean: set[tuple[str, str, str]] = set()
@@ -187,6 +189,7 @@ class TypeChecker:
         other._pool = self._pool
         other._extra = {**self._extra, **extra}
         other._typed = {}
+        other._shapes = {}
         other._untyped = None
         other._counter = self._counter
         other._clean = set()
@@ -336,17 +339,26 @@ class TypeChecker:
         return typed
 
     def _build(self, schema: InputSchema) -> _Typed:
+        """``schema``'s message type, made once per distinct schema: the
+        capabilities that share one (often most of a service's) share it."""
+        shape = json.dumps(schema.schema, sort_keys=True, default=repr)
+        built = self._shapes.get(shape)
+        if built is None:
+            built = self._shapes[shape] = self._message_type(schema.schema, shape)
+        return _Typed(schema, built.env, shape, built.fields, built.messages)
+
+    def _message_type(self, schema: Any, shape: str) -> _Typed:
         package = f"{PACKAGE}.i{next(self._counter)}"
         file = descriptor_pb2.FileDescriptorProto(
             name=f"{package.replace('.', '/')}.proto", package=package, syntax="proto3"
         )
         file.dependency.extend(["google/protobuf/struct.proto", "google/protobuf/wrappers.proto"])
-        builder = _Builder(schema.schema, package)
-        shape = builder.shape(schema.schema, 0)
-        typed = _Typed(schema, None, shape=json.dumps(schema.schema, sort_keys=True, default=repr))
-        if isinstance(shape, _Object):
+        builder = _Builder(schema, package)
+        root = builder.shape(schema, 0)
+        typed = _Typed(None, None, shape=shape)
+        if isinstance(root, _Object):
             message = file.message_type.add(name="Input")
-            builder.fill(message, shape, f".{package}.Input", (), 0)
+            builder.fill(message, root, f".{package}.Input", (), 0)
             try:
                 self._pool.Add(file)
                 input_type = cel.Type(f"{package}.Input")
