@@ -20,7 +20,7 @@ from typing import Any
 
 import lark
 
-from warden_server.policy.cel import MACROS, Activation, EvaluationError, Program, parser
+from warden_server.policy.cel import MACROS, Activation, EvaluationError, Program, parse
 from warden_server.policy.engine import CompiledRule, PolicySet, RuleResult
 
 
@@ -100,7 +100,7 @@ class ConditionCoverage:
 def _conditions(rule: CompiledRule, policies: PolicySet) -> Iterator[Condition]:
     text = rule.text("when") or "true"
     try:
-        tree = parser().compile(text)
+        tree = parse(text)
     except Exception:  # the set compiled, so this does not happen; count nothing
         return
     where = f"{rule.file}:{rule.line}"

@@ -25,7 +25,7 @@ from typing import Any, Final
 import lark
 
 from warden_server.policy import yamlpos
-from warden_server.policy.cel import MACROS, parser
+from warden_server.policy.cel import MACROS, parse
 
 VARIABLES: Final = "v"
 CONSTANTS: Final = "c"
@@ -111,7 +111,7 @@ class Definitions:
     def parses(self, name: str) -> bool:
         """Whether the variable's expression parses."""
         try:
-            parser().compile(self._variables[name])
+            parse(self._variables[name])
         except Exception:
             return False
         return True
@@ -141,7 +141,7 @@ class Definitions:
         if not _MAY_REFER.search(text):  # no v.name or c.name: nothing to parse
             return identity(path, text)
         try:
-            tree = parser().compile(text)
+            tree = parse(text)
         except Exception:  # a syntax error: compiling reports it, at its place
             return identity(path, text)
         uses = _uses(tree)

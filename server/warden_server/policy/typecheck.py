@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import lark
 from google.protobuf import descriptor_pb2, descriptor_pool, struct_pb2, wrappers_pb2
 
-from warden_server.policy.cel import parser
+from warden_server.policy.cel import parse
 from warden_server.policy.inputs import InputSchema, missing_field
 
 if TYPE_CHECKING:
@@ -809,7 +809,7 @@ def _constant_env() -> Any:
 
 def _constant_failures(text: str, env: Any) -> list[TypeProblem]:
     try:
-        tree = parser().compile(text)
+        tree = parse(text)
     except Exception:  # syntax errors are the reference compiler's to report
         return []
     problems: list[TypeProblem] = []
