@@ -23,37 +23,35 @@ class Position(NamedTuple):
     column: int
 
 
-@dataclass(frozen=True, slots=True)
-class Scalar:
-    """Where a scalar's text stands, to map a position inside it to the file."""
-
-    style: str | None
-    """None (plain), ``'``, ``"``, ``|`` or ``>``."""
-    start: Position
-    end_line: int
-    content_indent: int
-    """For block scalars: the column (1-based) where their lines start."""
-
-
 @dataclass(slots=True)
 class Document:
-    """A parsed YAML document: the data and where each part of it stands."""
+    """A parsed YAML document: the data and where each part of it stands.
+
+    Where a part stands is kept as the parser marked it (its nodes and
+    their marks, which it makes anyway) and turned into a ``Position`` only
+    when asked: a large policy set has tens of thousands of nodes, and a
+    problem is reported for few of them."""
 
     data: Any
-    positions: dict[Path, Position] = field(default_factory=dict)
-    keys: dict[Path, Position] = field(default_factory=dict)
-    scalars: dict[Path, Scalar] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+    """The text's lines, to find where a block scalar's content starts."""
+    marks: dict[Path, Any] = field(default_factory=dict)
+    """Each value's start mark (0-based ``line`` and ``column``)."""
+    key_marks: dict[Path, Any] = field(default_factory=dict)
+    scalars: dict[Path, yaml.ScalarNode] = field(default_factory=dict)
     duplicates: list[tuple[Path, Position]] = field(default_factory=list)
 
     def position(self, path: Path) -> Position:
         """The position of ``path``'s value, or of its nearest ancestor that exists."""
-        while path not in self.positions and path:
+        while path not in self.marks and path:
             path = path[:-1]
-        return self.positions.get(path, Position(1, 1))
+        mark = self.marks.get(path)
+        return _position(mark) if mark is not None else Position(1, 1)
 
     def key_position(self, path: Path) -> Position:
         """The position of the key that names ``path`` (its value's when unknown)."""
-        return self.keys.get(path) or self.position(path)
+        mark = self.key_marks.get(path)
+        return _position(mark) if mark is not None else self.position(path)
 
     def position_in(self, path: Path, line: int, column: int) -> Position:
         """The file position of (``line``, ``column``), 1-based, inside the
@@ -62,12 +60,13 @@ class Document:
         scalar = self.scalars.get(path)
         if scalar is None:
             return self.position(path)
+        start = _position(scalar.start_mark)
         if scalar.style == "|":
-            return Position(scalar.start.line + line, scalar.content_indent + column - 1)
-        if scalar.style != ">" and line == 1 and scalar.end_line == scalar.start.line:
+            return Position(start.line + line, _block_indent(self.lines, start.line) + column - 1)
+        if scalar.style != ">" and line == 1 and scalar.end_mark.line == scalar.start_mark.line:
             quote = 1 if scalar.style in ("'", '"') else 0
-            return Position(scalar.start.line, scalar.start.column + quote + column - 1)
-        return scalar.start
+            return Position(start.line, start.column + quote + column - 1)
+        return start
 
 
 MAX_DEPTH: Final = 64
@@ -96,7 +95,7 @@ def load(text: str) -> Document:
         ) from None
     except yaml.YAMLError as exc:
         raise YAMLSyntaxError(f"YAML syntax error: {exc}", Position(1, 1)) from None
-    document = Document(data=None)
+    document = Document(data=None, lines=text.splitlines())
     if node is not None:
         too_deep = _deeper_than(node, MAX_DEPTH)
         if too_deep is not None:
@@ -105,7 +104,7 @@ def load(text: str) -> Document:
             )
         constructor = yaml.SafeLoader("")
         try:
-            document.data = _convert(node, (), document, text.splitlines(), constructor)
+            document.data = _convert(node, (), document, constructor)
         finally:
             constructor.dispose()
     return document
@@ -143,10 +142,8 @@ def _position(mark: Any) -> Position:
     return Position(mark.line + 1, mark.column + 1)
 
 
-def _convert(
-    node: yaml.Node, path: Path, document: Document, lines: list[str], loader: yaml.SafeLoader
-) -> Any:
-    document.positions[path] = _position(node.start_mark)
+def _convert(node: yaml.Node, path: Path, document: Document, loader: yaml.SafeLoader) -> Any:
+    document.marks[path] = node.start_mark
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
@@ -159,22 +156,13 @@ def _convert(
             if key in result:
                 document.duplicates.append((child, _position(key_node.start_mark)))
             else:
-                document.keys[child] = _position(key_node.start_mark)
-            result[key] = _convert(value_node, child, document, lines, loader)
+                document.key_marks[child] = key_node.start_mark
+            result[key] = _convert(value_node, child, document, loader)
         return result
     if isinstance(node, yaml.SequenceNode):
-        return [
-            _convert(item, (*path, i), document, lines, loader) for i, item in enumerate(node.value)
-        ]
+        return [_convert(item, (*path, i), document, loader) for i, item in enumerate(node.value)]
     assert isinstance(node, yaml.ScalarNode)
-    document.scalars[path] = Scalar(
-        style=node.style,
-        start=_position(node.start_mark),
-        end_line=node.end_mark.line + 1,
-        content_indent=_block_indent(lines, node.start_mark.line + 1)
-        if node.style in ("|", ">")
-        else 0,
-    )
+    document.scalars[path] = node
     return _scalar(node, loader)
 
 
