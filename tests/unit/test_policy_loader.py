@@ -461,6 +461,27 @@ def test_capabilities_sharing_a_schema_are_each_named_in_their_own_problems(
     assert problem.message.endswith("input.amount is a string in orders.pay v2")
 
 
+def test_a_field_declared_by_one_schema_is_still_missing_from_another(tmp_path: Path) -> None:
+    """What the loader remembers of a field found declared holds for schemas
+    alike, never for a schema that differs."""
+    from warden_server.policy.inputs import InputSchema
+
+    (tmp_path / "rules.yaml").write_text(
+        'rules:\n  - id: a\n    capabilities: ["orders.a"]\n'
+        "    effect: deny\n    when: input.amount > 5\n"
+        '  - id: b\n    capabilities: ["orders.b"]\n'
+        "    effect: deny\n    when: input.amount > 5\n"
+    )
+    declares = {"type": "object", "properties": {"amount": {"type": "integer"}}}
+    lacks = {"type": "object", "properties": {"total": {"type": "integer"}}}
+    schemas = [InputSchema("orders.a", declares, "1"), InputSchema("orders.b", lacks, "1")]
+    with pytest.raises(PolicyLoadError) as raised:
+        load_policies(tmp_path, capabilities=schemas)
+    (problem,) = raised.value.problems
+    assert problem.line == 9
+    assert "has no field 'amount' in the input schema of orders.b v1" in problem.message
+
+
 # -- what a compile leaves behind --------------------------------------------
 
 

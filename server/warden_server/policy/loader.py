@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,11 +269,34 @@ class SchemasByGlob:
         self._order = order
         self._ids = [schemas[i].capability_id for i in order]
         self._found: dict[str, list[int]] = {}
+        self._shapes: dict[int, str] = {}
+        """Each schema's content (its JSON, keys sorted), by the schema's id."""
+        self._declared: set[tuple[str, tuple[str, ...]]] = set()
+        """(schema content, field path) found declared: a large set's rules
+        read the same few fields of schemas alike again and again."""
 
     def matching(self, globs: Sequence[str]) -> list[InputSchema]:
         """The schemas any of ``globs`` matches, in the order they were given."""
         positions = sorted({p for glob in globs for p in self._positions(glob)})
         return [self._schemas[p] for p in positions]
+
+    def missing_field(self, schemas: Sequence[InputSchema], path: tuple[str, ...]) -> str | None:
+        """Why the first of ``schemas`` (each one of this index's) that does
+        not declare ``input.<path>`` lacks it, or None when all declare it."""
+        for schema in schemas:
+            shape = self._shapes.get(id(schema))
+            if shape is None:
+                shape = self._shapes[id(schema)] = json.dumps(
+                    schema.schema, sort_keys=True, default=repr
+                )
+            key = (shape, path)
+            if key in self._declared:
+                continue
+            missing = missing_field([schema], path)
+            if missing is not None:
+                return missing
+            self._declared.add(key)
+        return None
 
     def _positions(self, glob: str) -> list[int]:
         found = self._found.get(glob)
@@ -564,11 +588,9 @@ class _FileChecker:
             elif name == "input" and ref.path:
                 # Every capability the rule matches must have the field: a
                 # call to one without it would fail to evaluate.
-                for schema in schemas:
-                    missing = missing_field([schema], ref.path)
-                    if missing is not None:
-                        self.problem(*self._placed(path, expansion, ref.line, ref.column, missing))
-                        break
+                missing = self.capabilities.missing_field(schemas, ref.path)
+                if missing is not None:
+                    self.problem(*self._placed(path, expansion, ref.line, ref.column, missing))
         self._cost(path, program)
         if self.types is not None and len(self.problems) == before:
             for found in self.types.check(text, kind, schemas, program.references):
