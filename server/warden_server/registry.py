@@ -347,12 +347,10 @@ class Registry:
 
     def every_version(self) -> list[Capability]:
         """Every registered version of every capability, oldest first per id: a
-        pinned older version can still be called, so the rules must hold for it."""
-        return [
-            self._capability(record)
-            for latest in self._store.latest_capabilities()
-            for record in self._store.capability_versions(latest.id)
-        ]
+        pinned older version can still be called, so the rules must hold for it.
+        A version whose row fails its integrity check is left out (and reported):
+        it is never served either."""
+        return [self._capability(record) for record in self._store.every_capability_version()]
 
     def versions_read(self) -> int:
         """How many capability versions this plane has read from the store."""

@@ -318,6 +318,12 @@ def test_the_registry_keeps_versions_in_order_by_namespace(store: Store) -> None
     latest = store.latest_capabilities(["orders"])
     assert [(c.id, c.version) for c in latest] == [("orders.pay", "1"), ("orders.refund", "2")]
     assert store.latest_capabilities([]) == []
+    assert [(c.id, c.version) for c in store.every_capability_version()] == [
+        ("orders.pay", "1"),
+        ("orders.refund", "1"),
+        ("orders.refund", "2"),
+        ("ordersx.pay", "1"),
+    ]
     count, size = store.transact(lambda tx: tx.registry_size(["orders"]))
     assert count == 2 and size > 0
     found = store.get_capability("orders.refund", "1")

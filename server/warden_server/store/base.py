@@ -259,6 +259,12 @@ class RegistryReads(Protocol):
         ``namespaces`` unless it is None."""
         ...
 
+    def every_capability_version(self) -> list[CapabilityRecord]:
+        """Every version of every capability, by id and each id's oldest
+        first, in one read; a row that fails its integrity check is left out
+        (and reported)."""
+        ...
+
 
 class ApprovalReads(Protocol):
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...

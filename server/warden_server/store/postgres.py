@@ -739,6 +739,10 @@ class PostgresStore:
         )
         return self._sealed.each(self._sealed.capability, iter(rows))
 
+    def every_capability_version(self) -> list[CapabilityRecord]:
+        rows = self._rows("SELECT * FROM capabilities ORDER BY id, ordinal")
+        return self._sealed.each(self._sealed.capability, iter(rows))
+
     def limit_usages(
         self, limit_id: str, limit_key: str | None, now: float, limit: int = 100
     ) -> list[LimitUsage]:

@@ -750,6 +750,10 @@ class SQLiteStore:
             )
         return self._sealed.each(self._sealed.capability, rows)
 
+    def every_capability_version(self) -> list[CapabilityRecord]:
+        rows = self._reader().execute("SELECT * FROM capabilities ORDER BY id, ordinal")
+        return self._sealed.each(self._sealed.capability, rows)
+
     def get_invocation(self, invocation_id: str) -> InvocationRecord | None:
         row = (
             self._reader()
