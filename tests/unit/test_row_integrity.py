@@ -13,7 +13,7 @@ import pytest
 from tests.unit.approval_records import CREATED, pending
 from warden_server.audit.reader import verify
 from warden_server.records.query import RecordFilter
-from warden_server.store import IdempotencyRecord, SQLiteStore
+from warden_server.store import CapabilityRecord, IdempotencyRecord, SQLiteStore
 from warden_server.store.integrity import IntegrityKeyMissing, TamperedRow, key_path
 
 MIDWAY = "2026-01-01T00:30:00.000Z"
@@ -111,3 +111,28 @@ def test_a_store_whose_integrity_key_went_missing_does_not_open(tmp_path: Path) 
     key_path(path).unlink()
     with pytest.raises(IntegrityKeyMissing, match="restore it beside the store"):
         SQLiteStore(path)
+
+
+def test_a_tampered_older_version_is_left_out_of_every_version_and_reported(
+    tmp_path: Path,
+) -> None:
+    """A policy load reads every version of every capability to check its
+    rules; an edited row among them is reported and left out, as it is never
+    served, and the versions around it are still read."""
+    path = tmp_path / "warden.db"
+    store = SQLiteStore(path)
+    for version in ("1", "2"):
+        record = CapabilityRecord(
+            id="orders.pay",
+            version=version,
+            service="orders",
+            digest=f"sha256:{version}",
+            definition={"id": "orders.pay", "version": version},
+            registered_at=CREATED,
+        )
+        store.transact(lambda tx, r=record: tx.insert_capability(r))
+    edit(path, "UPDATE capabilities SET service = 'billing' WHERE version = '1'")
+    assert [(c.id, c.version) for c in store.every_capability_version()] == [("orders.pay", "2")]
+    assert integrity_records(store) == ["capabilities row orders.pay@1 fails its integrity "
+                                        "check: it was changed outside the plane"]  # fmt: skip
+    store.close()
