@@ -438,6 +438,15 @@ def test_a_rule_is_type_checked_against_every_distinct_input_schema(
     load_policies(tmp_path, evaluator=CelCppEvaluator(), capabilities=alike)
 
 
+def deny_rules(*rules: tuple[str, str, str]) -> str:
+    """A policy file of deny rules, each ``(id, capability, condition)``; the
+    n-th rule's condition is on line 4n + 1."""
+    return "rules:\n" + "".join(
+        f'  - id: {id}\n    capabilities: ["{capability}"]\n    effect: deny\n    when: {when}\n'
+        for id, capability, when in rules
+    )
+
+
 def test_capabilities_sharing_a_schema_are_each_named_in_their_own_problems(
     tmp_path: Path,
 ) -> None:
@@ -448,10 +457,10 @@ def test_capabilities_sharing_a_schema_are_each_named_in_their_own_problems(
     from warden_server.policy.inputs import InputSchema
 
     (tmp_path / "rules.yaml").write_text(
-        'rules:\n  - id: list\n    capabilities: ["orders.list"]\n'
-        '    effect: deny\n    when: input.amount == "0"\n'
-        '  - id: pay\n    capabilities: ["orders.pay"]\n'
-        "    effect: deny\n    when: input.amount > 5\n"
+        deny_rules(
+            ("list", "orders.list", 'input.amount == "0"'),
+            ("pay", "orders.pay", "input.amount > 5"),
+        )
     )
     text = {"type": "object", "properties": {"amount": {"type": "string"}}}
     schemas = [InputSchema(name, dict(text), "2") for name in ("orders.list", "orders.pay")]
@@ -467,10 +476,7 @@ def test_a_field_declared_by_one_schema_is_still_missing_from_another(tmp_path: 
     from warden_server.policy.inputs import InputSchema
 
     (tmp_path / "rules.yaml").write_text(
-        'rules:\n  - id: a\n    capabilities: ["orders.a"]\n'
-        "    effect: deny\n    when: input.amount > 5\n"
-        '  - id: b\n    capabilities: ["orders.b"]\n'
-        "    effect: deny\n    when: input.amount > 5\n"
+        deny_rules(("a", "orders.a", "input.amount > 5"), ("b", "orders.b", "input.amount > 5"))
     )
     declares = {"type": "object", "properties": {"amount": {"type": "integer"}}}
     lacks = {"type": "object", "properties": {"total": {"type": "integer"}}}
