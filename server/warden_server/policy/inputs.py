@@ -11,9 +11,10 @@ policies should read the fields a capability declares.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Schema = Mapping[str, Any] | bool
@@ -26,6 +27,12 @@ class InputSchema:
     capability_id: str
     schema: Mapping[str, Any]
     version: str = ""
+    shape: str = field(init=False, repr=False, compare=False)
+    """The schema's content (its JSON, keys sorted): what the checks of a
+    large set, whose capabilities often share a schema, do once per shape."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", json.dumps(self.schema, sort_keys=True, default=repr))
 
 
 def missing_field(schemas: Sequence[InputSchema], path: tuple[str, ...]) -> str | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,8 +268,6 @@ class SchemasByGlob:
         self._order = order
         self._ids = [schemas[i].capability_id for i in order]
         self._found: dict[str, list[int]] = {}
-        self._shapes: dict[int, str] = {}
-        """Each schema's content (its JSON, keys sorted), by the schema's id."""
         self._declared: set[tuple[str, tuple[str, ...]]] = set()
         """(schema content, field path) found declared: a large set's rules
         read the same few fields of schemas alike again and again."""
@@ -281,15 +278,10 @@ class SchemasByGlob:
         return [self._schemas[p] for p in positions]
 
     def missing_field(self, schemas: Sequence[InputSchema], path: tuple[str, ...]) -> str | None:
-        """Why the first of ``schemas`` (each one of this index's) that does
-        not declare ``input.<path>`` lacks it, or None when all declare it."""
+        """Why the first of ``schemas`` that does not declare ``input.<path>``
+        lacks it, or None when all declare it."""
         for schema in schemas:
-            shape = self._shapes.get(id(schema))
-            if shape is None:
-                shape = self._shapes[id(schema)] = json.dumps(
-                    schema.schema, sort_keys=True, default=repr
-                )
-            key = (shape, path)
+            key = (schema.shape, path)
             if key in self._declared:
                 continue
             missing = missing_field([schema], path)

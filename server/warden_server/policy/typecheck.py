@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -341,11 +340,10 @@ class TypeChecker:
     def _build(self, schema: InputSchema) -> _Typed:
         """``schema``'s message type, made once per distinct schema: the
         capabilities that share one (often most of a service's) share it."""
-        shape = json.dumps(schema.schema, sort_keys=True, default=repr)
-        built = self._shapes.get(shape)
+        built = self._shapes.get(schema.shape)
         if built is None:
-            built = self._shapes[shape] = self._message_type(schema.schema, shape)
-        return _Typed(schema, built.env, shape, built.fields, built.messages)
+            built = self._shapes[schema.shape] = self._message_type(schema.schema, schema.shape)
+        return _Typed(schema, built.env, schema.shape, built.fields, built.messages)
 
     def _message_type(self, schema: Any, shape: str) -> _Typed:
         package = f"{PACKAGE}.i{next(self._counter)}"
