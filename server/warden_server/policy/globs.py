@@ -59,6 +59,8 @@ def can_match_an_id(glob: str) -> bool:
     """
     if not _GLOB_CHARS.match(glob):
         return False
+    if WILDCARDS.isdisjoint(glob):  # most globs are an id: it is one or not
+        return CAPABILITY_ID.fullmatch(glob) is not None
     # Reachable (position in glob, id state) pairs.
     seen: set[tuple[int, int]] = set()
     stack = [(0, 0)]
