@@ -250,8 +250,6 @@ class RegistryReads(Protocol):
         """The newest registered version of a capability, or None."""
         ...
 
-    def capability_versions(self, capability_id: str) -> list[CapabilityRecord]: ...
-
     def latest_capabilities(
         self, namespaces: Sequence[str] | None = None
     ) -> list[CapabilityRecord]:

@@ -719,12 +719,6 @@ class PostgresStore:
         )
         return str(row["version"]) if row else None
 
-    def capability_versions(self, capability_id: str) -> list[CapabilityRecord]:
-        rows = self._rows(
-            "SELECT * FROM capabilities WHERE id = %s ORDER BY ordinal", (capability_id,)
-        )
-        return [self._sealed.capability(row) for row in rows]
-
     def latest_capabilities(
         self, namespaces: Sequence[str] | None = None
     ) -> list[CapabilityRecord]:

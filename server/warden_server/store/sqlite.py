@@ -727,12 +727,6 @@ class SQLiteStore:
         )
         return str(row[0]) if row else None
 
-    def capability_versions(self, capability_id: str) -> list[CapabilityRecord]:
-        rows = self._reader().execute(
-            "SELECT * FROM capabilities WHERE id = ? ORDER BY ordinal", (capability_id,)
-        )
-        return [self._sealed.capability(row) for row in rows]
-
     def latest_capabilities(
         self, namespaces: Sequence[str] | None = None
     ) -> list[CapabilityRecord]:
