@@ -79,6 +79,8 @@ class Load:
     retry_causes: Counter[str] = field(default_factory=Counter)
     """Why the attempts that were retried failed, from the runtime's log."""
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    """The CPU this process (the runtime and its callers, not the plane) spent meanwhile."""
 
     @property
     def calls(self) -> int:
@@ -189,9 +191,10 @@ async def _load(target: str, actor: str, concurrency: int, duration: float, fold
                 load.latencies.append(time.perf_counter() - started)
                 i += 1
 
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         await asyncio.gather(*(caller() for _ in range(concurrency)))
         load.seconds = time.perf_counter() - started
+        load.cpu_seconds = time.process_time() - cpu_started
     finally:
         sdk_log.removeHandler(retries)
         sdk_log.setLevel(level)
@@ -266,7 +269,8 @@ def _report(
         f"  {load.calls:,} calls in {load.seconds:.1f} s: {throughput:,.0f} calls/s; "
         f"p50 {load_p50 * 1e3:.1f} ms, p99 {load_p99 * 1e3:.1f} ms "
         f"({load_p50 / bare_p50:,.0f}x / {load_p99 / bare_p99:,.0f}x the bare round trip); "
-        f"{load.retried:,} needed a retry"
+        f"{load.retried:,} needed a retry; the SDK's CPU "
+        f"{load.cpu_seconds / max(load.calls, 1) * 1e3:.3f} ms per call"
     )
     for cause, count in load.retry_causes.most_common(3):
         print(f"    retried after {count:,} attempts failed with {cause}")
@@ -296,6 +300,7 @@ def _report(
         "load_calls": load.calls,
         "load_throughput_per_s": throughput,
         "load_p50_ms": load_p50 * 1e3,
+        "load_sdk_cpu_per_call_ms": load.cpu_seconds / max(load.calls, 1) * 1e3,
         "load_p99_ms": load_p99 * 1e3,
         "load_p99_target_ms_below": LOAD_P99_TARGET_S * 1e3,
         "load_errors": errors,

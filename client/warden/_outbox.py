@@ -48,7 +48,7 @@ from typing import Any, Final
 
 from warden._errors import CapabilityError, WardenError
 from warden._tracing import trace_metadata
-from warden._transport import PlaneRefusedError, Transport
+from warden._transport import PlaneRefusedError, ReportTransport
 from warden.v1 import governor_pb2
 
 log = logging.getLogger("warden")
@@ -267,7 +267,7 @@ class Outbox:
     """
 
     def __init__(
-        self, transport: Transport, path: Path | None, backlog_limit: int = BACKLOG_LIMIT
+        self, transport: ReportTransport, path: Path | None, backlog_limit: int = BACKLOG_LIMIT
     ) -> None:
         self._transport = transport
         self.backlog_limit = backlog_limit

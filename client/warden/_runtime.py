@@ -45,7 +45,7 @@ from warden._handlers import HandlerThreads
 from warden._outbox import Outbox, default_outbox_path
 from warden._retry import RetryPolicy, may_retry
 from warden._tracing import in_invocation_trace
-from warden._transport import Transport
+from warden._transport import ReportTransport, Transport
 from warden.shared.canonical import compact_json
 from warden.shared.ids import uuid7
 from warden.shared.tls import TLS
@@ -188,7 +188,7 @@ class Runtime:
         self._wait_s = governance_timeout_ms / 1000
         self._transport = Transport(target, token, timeout_s=self._wait_s, tls=tls)
         # The outbox sends from a thread of its own, with connections of its own.
-        reporting = Transport(target, token, timeout_s=self._wait_s, tls=tls)
+        reporting = ReportTransport(target, token, timeout_s=self._wait_s, tls=tls)
         self._outbox = _open_outbox(reporting, service, outbox)
         self._capabilities: dict[str, CapabilitySpec] = {}
         self._versions: dict[str, str] = {}
@@ -607,7 +607,7 @@ class Runtime:
 
 
 def _open_outbox(
-    transport: Transport, service: str, where: bool | str | os.PathLike[str]
+    transport: ReportTransport, service: str, where: bool | str | os.PathLike[str]
 ) -> Outbox:
     if where is False:
         return Outbox(transport, None)

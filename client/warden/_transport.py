@@ -1,14 +1,16 @@
-"""The one place gRPC meets the SDK: stubs per event loop, and the mapping
-from gRPC status to the SDK's errors. No ``grpc.RpcError`` leaves this module."""
+"""The one place gRPC meets the SDK: asyncio stubs per event loop, blocking
+stubs for the outbox's reports, and the mapping from gRPC status to the SDK's
+errors. No ``grpc.RpcError`` leaves this module."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 import grpc
 import grpc.aio
@@ -56,14 +58,10 @@ _TRANSIENT = frozenset(
 )
 
 
-class _Stubs:
+class _Connection:
     """One connection to the plane, and how fast it has been answering."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.channel = channel
-        self.governor = governor_pb2_grpc.GovernorStub(channel)
-        self.registry = registry_pb2_grpc.RegistryStub(channel)
-        self.grant_keys = grants_pb2_grpc.GrantKeysStub(channel)
+    def __init__(self) -> None:
         self.in_flight = 0
         """Calls sent on this connection and not answered yet."""
         self.process: str | None = None
@@ -84,6 +82,38 @@ class _Stubs:
         self._latency_s = seconds if seconds > recent else recent * weight + seconds * (1 - weight)
         self._latency_at = now
 
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+class _Stubs(_Connection):
+    """An asyncio connection and its stubs."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        super().__init__()
+        self.channel = channel
+        self.governor = governor_pb2_grpc.GovernorStub(channel)
+        self.registry = registry_pb2_grpc.RegistryStub(channel)
+        self.grant_keys = grants_pb2_grpc.GrantKeysStub(channel)
+
+    async def close(self) -> None:
+        await self.channel.close(grace=None)
+
+
+class _BlockingStubs(_Connection):
+    """A connection of gRPC's blocking API and its Governor stub."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        super().__init__()
+        self.channel = channel
+        self.governor = governor_pb2_grpc.GovernorStub(channel)
+
+    async def close(self) -> None:
+        self.channel.close()
+
+
+C = TypeVar("C", bound=_Connection)
+
 
 CONNECTIONS = 8
 """Connections a runtime opens to the plane (per event loop). The kernel
@@ -97,8 +127,8 @@ LATENCY_FLOOR_S = 0.001
 has not answered yet still counts the calls it carries."""
 
 
-class _Pool:
-    """The connections of one event loop.
+class _Pool(Generic[C]):
+    """A runtime's connections to the plane (those of one event loop, or the outbox's).
 
     A call goes to the connection where it is expected to be answered soonest:
     the least recent latency times the calls in flight to the same process of
@@ -116,13 +146,11 @@ class _Pool:
     it until its first answer came back, a queue's length later).
     """
 
-    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None) -> None:
-        self._stubs = [
-            _Stubs(aio_channel(target, credentials, CHANNEL_OPTIONS)) for _ in range(CONNECTIONS)
-        ]
+    def __init__(self, connections: Sequence[C]) -> None:
+        self._stubs = list(connections)
         self._turn = itertools.count()
 
-    def next(self, now: float | None = None) -> _Stubs:
+    def next(self, now: float | None = None) -> C:
         """The connection for the next call."""
         now = time.monotonic() if now is None else now
         carried: dict[str, int] = {}
@@ -148,7 +176,24 @@ class _Pool:
 
     async def close(self) -> None:
         for stubs in self._stubs:
-            await stubs.channel.close(grace=None)
+            await stubs.close()
+
+
+def _aio_pool(target: str, credentials: grpc.ChannelCredentials | None) -> _Pool[_Stubs]:
+    return _Pool(
+        [_Stubs(aio_channel(target, credentials, CHANNEL_OPTIONS)) for _ in range(CONNECTIONS)]
+    )
+
+
+def _blocking_pool(
+    target: str, credentials: grpc.ChannelCredentials | None
+) -> _Pool[_BlockingStubs]:
+    return _Pool(
+        [
+            _BlockingStubs(sync_channel(target, credentials, CHANNEL_OPTIONS))
+            for _ in range(CONNECTIONS)
+        ]
+    )
 
 
 class Transport:
@@ -161,7 +206,7 @@ class Transport:
         self._metadata = ((SERVICE_TOKEN_METADATA, token),)
         self._timeout_s = timeout_s
         self._credentials = _credentials(tls)
-        self._pools: dict[asyncio.AbstractEventLoop, _Pool] = {}
+        self._pools: dict[asyncio.AbstractEventLoop, _Pool[_Stubs]] = {}
 
     def _for_loop(self) -> _Stubs:
         loop = asyncio.get_running_loop()
@@ -169,7 +214,7 @@ class Transport:
         if pool is None:
             for stale in [lp for lp in self._pools if lp.is_closed()]:
                 del self._pools[stale]
-            pool = self._pools[loop] = _Pool(self.target, self._credentials)
+            pool = self._pools[loop] = _aio_pool(self.target, self._credentials)
         return pool.next()
 
     async def begin(self, request: governor_pb2.BeginRequest) -> governor_pb2.BeginResponse:
@@ -178,27 +223,6 @@ class Transport:
         return await self._governed(
             lambda stubs: stubs.governor.Begin(
                 request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
-            )
-        )
-
-    async def complete(
-        self, request: governor_pb2.CompleteRequest, trace: tuple[tuple[str, str], ...]
-    ) -> governor_pb2.CompleteResponse:
-        """Complete, in the trace of its invocation (``trace_metadata()`` where it ran)."""
-        return await self._governed(
-            lambda stubs: stubs.governor.Complete(
-                request, metadata=self._metadata + trace, timeout=self._timeout_s
-            )
-        )
-
-    async def complete_many(
-        self, reports: list[governor_pb2.OutcomeReport]
-    ) -> governor_pb2.CompleteManyResponse:
-        """CompleteMany: each report carries its own invocation's trace context."""
-        request = governor_pb2.CompleteManyRequest(reports=reports)
-        return await self._governed(
-            lambda stubs: stubs.governor.CompleteMany(
-                request, metadata=self._metadata, timeout=self._timeout_s
             )
         )
 
@@ -278,6 +302,97 @@ class Transport:
         pool = self._pools.pop(asyncio.get_running_loop(), None)
         if pool is not None:
             await pool.close()
+
+
+class ReportTransport:
+    """Outcome reports to the plane, from the outbox's own event loop, through
+    connections of gRPC's blocking API.
+
+    grpc.aio hands every completion of the process to one poller thread, which
+    wakes each event loop that ever made an asyncio call (grpcio 1.85): an
+    outbox loop with asyncio connections would be woken by every ``Begin`` of
+    the runtime's loop, taking the interpreter each time, and sometimes
+    forward the answer to it, one more switch between threads on the call's
+    way. A blocking channel's call completes on gRPC's own thread, which wakes
+    the outbox's loop for its own answers only.
+    """
+
+    def __init__(
+        self, target: str, token: str, *, timeout_s: float, tls: TLS | None = None
+    ) -> None:
+        self.target = target
+        self._metadata = ((SERVICE_TOKEN_METADATA, token),)
+        self._timeout_s = timeout_s
+        self._credentials = _credentials(tls)
+        self._pool: _Pool[_BlockingStubs] | None = None
+
+    async def complete(
+        self, request: governor_pb2.CompleteRequest, trace: tuple[tuple[str, str], ...]
+    ) -> governor_pb2.CompleteResponse:
+        """Complete, in the trace of its invocation (``trace_metadata()`` where it ran)."""
+        return await self._governed(
+            lambda stubs: stubs.governor.Complete.future(
+                request, metadata=self._metadata + trace, timeout=self._timeout_s
+            )
+        )
+
+    async def complete_many(
+        self, reports: list[governor_pb2.OutcomeReport]
+    ) -> governor_pb2.CompleteManyResponse:
+        """CompleteMany: each report carries its own invocation's trace context."""
+        request = governor_pb2.CompleteManyRequest(reports=reports)
+        return await self._governed(
+            lambda stubs: stubs.governor.CompleteMany.future(
+                request, metadata=self._metadata, timeout=self._timeout_s
+            )
+        )
+
+    async def _governed(self, call: Callable[[_BlockingStubs], grpc.CallFuture[T]]) -> T:
+        """Make ``call`` (a ``future()`` of the blocking API) and await its
+        answer on the running loop, as ``Transport._governed`` does."""
+        if self._pool is None:
+            self._pool = _blocking_pool(self.target, self._credentials)
+        stubs = self._pool.next()
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[None] = loop.create_future()
+
+        def settle(_: object) -> None:  # on gRPC's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(_settle, answered)
+
+        stubs.in_flight += 1
+        sent = time.monotonic()
+        try:
+            rpc = call(stubs)
+            rpc.add_done_callback(settle)
+            try:
+                await answered
+            except asyncio.CancelledError:
+                rpc.cancel()  # type: ignore[no-untyped-call]  # untyped in grpc-stubs
+                raise
+            try:
+                answer = rpc.result()
+            except grpc.RpcError as exc:
+                raise governance_error(exc.code(), exc.details() or "", self.target) from None
+            for key, value in rpc.trailing_metadata() or ():
+                if key == PROCESS_METADATA and isinstance(value, str):
+                    stubs.process = value
+            return answer
+        finally:
+            stubs.in_flight -= 1
+            now = time.monotonic()
+            stubs.answered(now - sent, now)
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+
+def _settle(answered: asyncio.Future[None]) -> None:
+    if not answered.done():  # else cancelled: nobody waits
+        answered.set_result(None)
 
 
 class PlaneRefusedError(Exception):

@@ -15,11 +15,11 @@ from warden import _transport
 from warden._transport import _Pool, _Stubs
 
 
-def with_pool(check: Callable[[_Pool], None]) -> None:
+def with_pool(check: Callable[[_Pool[_Stubs]], None]) -> None:
     """Run ``check`` on a pool of a running loop (nothing is ever connected)."""
 
     async def main() -> None:
-        pool = _Pool("127.0.0.1:9", None)
+        pool = _transport._aio_pool("127.0.0.1:9", None)
         try:
             check(pool)
         finally:
@@ -28,12 +28,12 @@ def with_pool(check: Callable[[_Pool], None]) -> None:
     asyncio.run(main())
 
 
-def stubs_of(pool: _Pool) -> list[_Stubs]:
+def stubs_of(pool: _Pool[_Stubs]) -> list[_Stubs]:
     return [pool.next(now=0.0) for _ in range(_transport.CONNECTIONS)]
 
 
 def test_connections_nothing_is_known_of_are_taken_in_turn() -> None:
-    def check(pool: _Pool) -> None:
+    def check(pool: _Pool[_Stubs]) -> None:
         chosen = [id(pool.next(now=0.0)) for _ in range(4 * _transport.CONNECTIONS)]
         assert set(Counter(chosen).values()) == {4}
 
@@ -41,7 +41,7 @@ def test_connections_nothing_is_known_of_are_taken_in_turn() -> None:
 
 
 def test_a_call_goes_where_answers_come_back_soonest() -> None:
-    def check(pool: _Pool) -> None:
+    def check(pool: _Pool[_Stubs]) -> None:
         slow, fast, *others = stubs_of(pool)
         for stubs in (slow, *others):
             stubs.answered(0.800, now=10.0)
@@ -54,7 +54,7 @@ def test_a_call_goes_where_answers_come_back_soonest() -> None:
 
 
 def test_calls_in_flight_count_so_the_fastest_connection_is_not_flooded() -> None:
-    def check(pool: _Pool) -> None:
+    def check(pool: _Pool[_Stubs]) -> None:
         a, b, *others = stubs_of(pool)
         for stubs in (a, b, *others):
             stubs.answered(0.100, now=10.0)
@@ -69,7 +69,7 @@ def test_calls_in_flight_count_so_the_fastest_connection_is_not_flooded() -> Non
 
 
 def test_a_slow_answer_counts_at_once_and_a_fast_one_is_averaged_in() -> None:
-    def check(pool: _Pool) -> None:
+    def check(pool: _Pool[_Stubs]) -> None:
         stubs = pool.next(now=0.0)
         stubs.answered(0.010, now=1.0)
         stubs.answered(0.500, now=1.001)
@@ -81,7 +81,7 @@ def test_a_slow_answer_counts_at_once_and_a_fast_one_is_averaged_in() -> None:
 
 
 def test_a_connection_left_aside_is_tried_again_as_its_latency_fades() -> None:
-    def check(pool: _Pool) -> None:
+    def check(pool: _Pool[_Stubs]) -> None:
         slow, *others = stubs_of(pool)
         slow.answered(2.0, now=10.0)
         for stubs in others:
@@ -99,7 +99,7 @@ def test_a_connection_left_aside_is_tried_again_as_its_latency_fades() -> None:
 def test_a_connection_that_never_answers_does_not_draw_every_call() -> None:
     """Without an answer its latency is unknown, but the calls it holds count."""
 
-    def check(pool: _Pool) -> None:
+    def check(pool: _Pool[_Stubs]) -> None:
         silent, *others = stubs_of(pool)
         silent.in_flight = 50
         for stubs in others:
@@ -114,7 +114,7 @@ def test_connections_to_one_process_count_its_calls_together() -> None:
     them, and the last alone on another: the lone one takes calls until its
     process carries as many as the other."""
 
-    def check(pool: _Pool) -> None:
+    def check(pool: _Pool[_Stubs]) -> None:
         *crowded, lone = stubs_of(pool)
         for i, stubs in enumerate(crowded):
             stubs.process, stubs.in_flight = "a", 10 if i < 3 else 0
@@ -135,7 +135,7 @@ def test_a_connection_left_aside_does_not_make_its_busy_process_look_fast() -> N
     left aside long enough to fade, and two on a process answering in 0.3 s
     with a third of the calls: the next call goes to the faster process."""
 
-    def check(pool: _Pool) -> None:
+    def check(pool: _Pool[_Stubs]) -> None:
         *crowded, left_aside, fast_a, fast_b = stubs_of(pool)
         for stubs in crowded:
             stubs.process, stubs.in_flight = "slow", 60
