@@ -18,9 +18,9 @@ import json
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -35,6 +35,8 @@ from warden.shared.canonical import compact_json
 from warden.shared.redaction import scrub_json, scrub_text
 from warden.shared.schema import validation_issues
 from warden.v1 import errors_pb2, governor_pb2
+
+T = TypeVar("T")
 
 _STATUSES: dict[int, Status] = {
     governor_pb2.OUTCOME_STATUS_SUCCEEDED: "succeeded",
@@ -61,26 +63,147 @@ class _Granted:
     """The text of every sensitive value in the input (and output, once known)."""
 
 
-class AttemptRunner:
-    """Runs attempts against one plane, with one pool of handler threads."""
+class BeginCancelled(Exception):
+    """The attempt was cancelled while its ``Begin`` was on its way; the call
+    goes on (``begin``), and its grant, if it brings one, must be closed out."""
+
+    def __init__(self, begin: asyncio.Future[governor_pb2.BeginResponse]) -> None:
+        super().__init__("cancelled during Begin")
+        self.begin = begin
+
+
+class Waits(Protocol):
+    """How an attempt waits for the plane, the outbox and the handler.
+
+    An attempt is one coroutine whichever way it waits. ``LoopWaits`` waits on
+    the runtime's event loop; ``BlockingWaits`` blocks the caller's thread, and
+    since none of its waits suspends the coroutine, the attempt runs to its end
+    in one step on that thread (``run_to_end``), with no event loop and no
+    switch between threads but the handler's.
+    """
+
+    async def reported(self, scope: IdempotencyScope) -> None:
+        """Until the plane has taken the report of this runtime's last call with ``scope``."""
+
+    async def room(self) -> bool:
+        """Whether the outbox has room for one more report (after waiting a while)."""
+
+    async def begin(self, request: governor_pb2.BeginRequest) -> governor_pb2.BeginResponse:
+        """The plane's answer. Raises CapabilityError (the plane could not
+        answer) or BeginCancelled."""
+
+    async def handler(self, call: Callable[[], Any], budget_s: float | None) -> Any:
+        """What ``call`` returns, run on a handler thread. Raises TimeoutError
+        when ``budget_s`` passes first, and whatever ``call`` raises."""
+
+    async def resolved(self, verdict: Awaitable[Any]) -> Any:
+        """What an authorizer's awaitable verdict comes to."""
+
+    async def sleep(self, seconds: float) -> None:
+        """A pause between attempts."""
+
+
+class LoopWaits:
+    """Waits on the running event loop (``ainvoke``, and ``invoke`` on the
+    runtime's own loop)."""
+
+    def __init__(
+        self, transport: Transport, outbox: Outbox, handler_threads: HandlerThreads, wait_s: float
+    ) -> None:
+        self._transport = transport
+        self._outbox = outbox
+        self._handler_threads = handler_threads
+        self._wait_s = wait_s
+
+    async def reported(self, scope: IdempotencyScope) -> None:
+        await self._outbox.reported(scope, self._wait_s)
+
+    async def room(self) -> bool:
+        return await self._outbox.room(self._wait_s)
+
+    async def begin(self, request: governor_pb2.BeginRequest) -> governor_pb2.BeginResponse:
+        begin = asyncio.ensure_future(self._transport.begin(request))
+        try:
+            return await asyncio.shield(begin)
+        except asyncio.CancelledError:
+            uncancel()
+            raise BeginCancelled(begin) from None
+
+    async def handler(self, call: Callable[[], Any], budget_s: float | None) -> Any:
+        async with asyncio.timeout(budget_s):
+            return await self._handler_threads.run(call)
+
+    async def resolved(self, verdict: Awaitable[Any]) -> Any:
+        return await verdict
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class BlockingWaits:
+    """Waits by blocking the caller's thread (``invoke`` of a synchronous
+    handler): ``Begin`` through a blocking connection, the handler's result
+    on a future of the caller's own. Only an awaitable an authorizer returns
+    goes to the runtime's event loop (``on_loop``)."""
 
     def __init__(
         self,
         transport: Transport,
         outbox: Outbox,
         handler_threads: HandlerThreads,
-        authorizers: Sequence[Authorizer] = (),
-        *,
         wait_s: float,
+        on_loop: Callable[[Coroutine[Any, Any, Any]], Any],
     ) -> None:
-        self._authorizers = authorizers
         self._transport = transport
         self._outbox = outbox
         self._handler_threads = handler_threads
         self._wait_s = wait_s
+        self._on_loop = on_loop
+
+    async def reported(self, scope: IdempotencyScope) -> None:
+        self._outbox.reported_blocking(scope, self._wait_s)
+
+    async def room(self) -> bool:
+        return self._outbox.room_blocking(self._wait_s)
+
+    async def begin(self, request: governor_pb2.BeginRequest) -> governor_pb2.BeginResponse:
+        return self._transport.begin_blocking(request)
+
+    async def handler(self, call: Callable[[], Any], budget_s: float | None) -> Any:
+        return self._handler_threads.call(call, budget_s)
+
+    async def resolved(self, verdict: Awaitable[Any]) -> Any:
+        return self._on_loop(_awaited(verdict))
+
+    async def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+async def _awaited(verdict: Awaitable[T]) -> T:
+    return await verdict
+
+
+def run_to_end(attempt: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (one that waits with
+    ``BlockingWaits``) to its end, on this thread."""
+    try:
+        step = attempt.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    attempt.close()
+    raise RuntimeError(f"an attempt that blocks suspended on {step!r}")
+
+
+class AttemptRunner:
+    """Runs attempts against one plane, with one pool of handler threads."""
+
+    def __init__(self, outbox: Outbox, authorizers: Sequence[Authorizer] = ()) -> None:
+        self._authorizers = authorizers
+        self._outbox = outbox
 
     async def run(
-        self, spec: CapabilitySpec | None, request: governor_pb2.BeginRequest
+        self, spec: CapabilitySpec | None, request: governor_pb2.BeginRequest, waits: Waits
     ) -> Envelope:
         """One attempt of ``spec`` (None: a capability this runtime does not serve)."""
         invocation_id = request.invocation_id
@@ -90,8 +213,8 @@ class AttemptRunner:
         if scope is not None:
             # A repeat of a key this runtime just used is answered with that call's
             # outcome (replayed) once the plane has it, not OPERATION_IN_PROGRESS.
-            await self._outbox.reported(scope, self._wait_s)
-        if not await self._outbox.room(self._wait_s):
+            await waits.reported(scope)
+        if not await waits.room():
             # The plane takes outcome reports slower than calls end: fail closed
             # before the handler, rather than pile up reports without end.
             cause = WardenError(
@@ -100,12 +223,10 @@ class AttemptRunner:
             )
             error = CapabilityError("GOVERNANCE_UNAVAILABLE", retryable=True, cause=cause)
             return Envelope("failed", invocation_id, error=error)
-        begin = asyncio.ensure_future(self._transport.begin(request))
         try:
-            response = await asyncio.shield(begin)
-        except asyncio.CancelledError:
-            uncancel()
-            return await self._cancelled_during_begin(spec, invocation_id, scope, begin)
+            response = await waits.begin(request)
+        except BeginCancelled as cancelled:
+            return await self._cancelled_during_begin(spec, invocation_id, scope, cancelled.begin)
         except CapabilityError as error:
             return Envelope("failed", invocation_id, error=error)
         outcome = response.WhichOneof("outcome")
@@ -125,7 +246,7 @@ class AttemptRunner:
         if spec is None:
             cause = WardenError(f"no handler for {request.capability_id} here")
             return self._report(granted, CapabilityError("INTERNAL_ERROR", cause=cause))
-        return await self._execute(granted, spec, response.grant)
+        return await self._execute(granted, spec, response.grant, waits)
 
     async def _cancelled_during_begin(
         self,
@@ -148,7 +269,7 @@ class AttemptRunner:
         return Envelope("cancelled", invocation_id, error=cancelled)
 
     async def _execute(
-        self, granted: _Granted, spec: CapabilitySpec, grant: governor_pb2.Grant
+        self, granted: _Granted, spec: CapabilitySpec, grant: governor_pb2.Grant, waits: Waits
     ) -> Envelope:
         attrs = json.loads(grant.actor.attrs_json) if grant.actor.attrs_json else {}
         ctx = Context(
@@ -170,7 +291,7 @@ class AttemptRunner:
             issues = _pydantic_issues(exc) if isinstance(exc, ValidationError) else []
             error = CapabilityError("INPUT_INVALID", details={"issues": issues}, cause=exc)
             return self._report(granted, error)
-        refusal = await self._authorize(spec, model, ctx)
+        refusal = await self._authorize(spec, model, ctx, waits)
         if refusal is not None:
             return self._report(granted, refusal)
         # The plane granted the budget that applies: the capability's, or the
@@ -178,8 +299,7 @@ class AttemptRunner:
         budget_s = grant.timeout_ms / 1000 if grant.timeout_ms else None
         ran = threading.Event()
         try:
-            async with asyncio.timeout(budget_s):
-                result = await self._run(spec, model, ctx, ran)
+            result = await self._run(spec, model, ctx, ran, budget_s, waits)
         except TimeoutError as exc:
             error = CapabilityError("TIMEOUT", cause=exc)
             return self._report(granted, error, executed=ran.is_set())
@@ -206,7 +326,7 @@ class AttemptRunner:
         return self._report(granted, None, output_json=output_json, output=output)
 
     async def _authorize(
-        self, spec: CapabilitySpec, model: BaseModel, ctx: Context
+        self, spec: CapabilitySpec, model: BaseModel, ctx: Context, waits: Waits
     ) -> CapabilityError | None:
         """Step 6 on the service's side: app middleware, failing closed."""
         checks = [*self._authorizers, *([spec.authorize] if spec.authorize else [])]
@@ -214,7 +334,7 @@ class AttemptRunner:
             try:
                 verdict = check(model, ctx)
                 if inspect.isawaitable(verdict):
-                    verdict = await verdict
+                    verdict = await waits.resolved(verdict)
             except CapabilityError as raised:
                 if raised.code == "FORBIDDEN":
                     return raised
@@ -229,18 +349,25 @@ class AttemptRunner:
         return None
 
     async def _run(
-        self, spec: CapabilitySpec, model: BaseModel, ctx: Context, ran: threading.Event
+        self,
+        spec: CapabilitySpec,
+        model: BaseModel,
+        ctx: Context,
+        ran: threading.Event,
+        budget_s: float | None,
+        waits: Waits,
     ) -> Any:
         if spec.is_async:
             ran.set()
-            return await spec.handler(model, ctx)
+            async with asyncio.timeout(budget_s):
+                return await spec.handler(model, ctx)
 
         def call() -> Any:
             ran.set()
             return spec.handler(model, ctx)
 
         copy = contextvars.copy_context()
-        return await self._handler_threads.run(functools.partial(copy.run, call))
+        return await waits.handler(functools.partial(copy.run, call), budget_s)
 
     def _report(
         self,

@@ -8,12 +8,14 @@ for every result. Here a finished handler's result joins its loop's list
 of answers, and only the first answer since the loop last looked wakes it:
 under load, one wake-up hands over many results. With 500 concurrent
 callers the runtime's CPU per call went from 623-661 to 521-583 µs
-(``docs/performance.md``, item 32).
+(``docs/performance.md``, item 32). A caller that blocks anyway (``invoke``
+from a thread) waits on a ``concurrent.futures`` future of its own (``call``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import queue
 import threading
@@ -23,7 +25,9 @@ from typing import Any, Final
 
 _STOP: Final = None
 
-_Work = tuple[Callable[[], Any], "_Answers", "asyncio.Future[Any]"]
+_Work = tuple[Callable[[], Any], "_Answers | _Direct", Any]
+"""A call, where its answer goes, and the future it settles (the loop's, or a
+``concurrent.futures`` one for ``_Direct``)."""
 _Answer = tuple["asyncio.Future[Any]", Any, BaseException | None, bool]
 """A future, and its result, its exception, or whether it is cancelled."""
 
@@ -62,17 +66,38 @@ class HandlerThreads:
         if answers is None:
             answers = self._answers.setdefault(loop, _Answers(loop))
         future: asyncio.Future[Any] = loop.create_future()
+        self._submit((call, answers, future))
+        return future
+
+    def call(self, call: Callable[[], Any], timeout_s: float | None) -> Any:
+        """Run ``call`` on one of the threads and wait for its result (or
+        exception) at most ``timeout_s``; a call no thread took by then never runs.
+
+        Raises:
+            TimeoutError: ``timeout_s`` passed first.
+            RuntimeError: the threads were shut down.
+        """
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._submit((call, _DIRECT, future))
+        try:
+            return future.result(timeout_s)
+        except TimeoutError:
+            if future.done():  # the call's own
+                raise
+            future.cancel()
+            raise TimeoutError(f"the call ran past its {timeout_s} s") from None
+
+    def _submit(self, work: _Work) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the handler threads were shut down")
-            self._work.put((call, answers, future))
+            self._work.put(work)
             if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_threads:
                 thread = threading.Thread(
                     target=self._serve, name=f"{self._name}_{len(self._threads)}", daemon=True
                 )
                 self._threads.append(thread)
                 thread.start()
-        return future
 
     def shutdown(self) -> None:
         """Stop the threads once they finish what they run; calls not started
@@ -100,8 +125,8 @@ class HandlerThreads:
             self._idle.release()
 
 
-def _run(call: Callable[[], Any], answers: _Answers, future: asyncio.Future[Any]) -> None:
-    if future.cancelled():  # its caller stopped waiting before it started
+def _run(call: Callable[[], Any], answers: _Answers | _Direct, future: Any) -> None:
+    if not answers.start(future):  # its caller stopped waiting before it started
         return
     try:
         result = call()
@@ -115,6 +140,25 @@ def _run(call: Callable[[], Any], answers: _Answers, future: asyncio.Future[Any]
         answers.succeed(future, result)
 
 
+class _Direct:
+    """Results for callers that wait on a ``concurrent.futures`` future of their own."""
+
+    def start(self, future: concurrent.futures.Future[Any]) -> bool:
+        return future.set_running_or_notify_cancel()
+
+    def succeed(self, future: concurrent.futures.Future[Any], result: Any) -> None:
+        future.set_result(result)
+
+    def fail(self, future: concurrent.futures.Future[Any], exc: BaseException) -> None:
+        future.set_exception(exc)
+
+    def cancel(self, future: concurrent.futures.Future[Any]) -> None:
+        future.cancel()
+
+
+_DIRECT: Final = _Direct()
+
+
 class _Answers:
     """Results for the futures of one event loop, handed over in batches."""
 
@@ -126,6 +170,9 @@ class _Answers:
         self._ready: list[_Answer] = []
         self._woken = False
         """The loop will look at ``_ready``: further answers need not wake it."""
+
+    def start(self, future: asyncio.Future[Any]) -> bool:
+        return not future.cancelled()
 
     def succeed(self, future: asyncio.Future[Any], result: Any) -> None:
         self._hand_over((future, result, None, False))

@@ -41,7 +41,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -363,16 +363,23 @@ class Outbox:
     async def room(self, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) until the backlog is below
         ``backlog_limit``; whether it is."""
-        if self.backlog < self.backlog_limit:
-            return True
+        for pause in self._pauses_for_room(timeout_s):
+            await asyncio.sleep(pause)
+        return self.backlog < self.backlog_limit
+
+    def room_blocking(self, timeout_s: float) -> bool:
+        """``room``, for a thread that blocks while it waits."""
+        for pause in self._pauses_for_room(timeout_s):
+            time.sleep(pause)
+        return self.backlog < self.backlog_limit
+
+    def _pauses_for_room(self, timeout_s: float) -> Iterator[float]:
+        """The pauses to wait while the backlog is full, until ``timeout_s`` has passed."""
         deadline = time.monotonic() + timeout_s
         pause = 0.001
-        while self.backlog >= self.backlog_limit:
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(pause)
+        while self.backlog >= self.backlog_limit and time.monotonic() < deadline:
+            yield pause
             pause = min(pause * 2, 0.05)
-        return True
 
     async def reported(self, scope: IdempotencyScope, timeout_s: float) -> None:
         """Wait (at most ``timeout_s``) until the plane has taken the report of
@@ -382,6 +389,14 @@ class Outbox:
         if taken is not None:
             self._hurry()
             await asyncio.wait([asyncio.wrap_future(taken)], timeout=timeout_s)
+
+    def reported_blocking(self, scope: IdempotencyScope, timeout_s: float) -> None:
+        """``reported``, for a thread that blocks while it waits."""
+        with self._lock:
+            taken = self._by_scope.get(scope)
+        if taken is not None:
+            self._hurry()
+            concurrent.futures.wait([taken], timeout=timeout_s)
 
     def flush(self, timeout_s: float | None = None) -> int:
         """Wait until the plane has taken every report this process holds, or

@@ -39,7 +39,14 @@ from warden._capability import (
 from warden._context import Authorizer
 from warden._envelope import Envelope
 from warden._errors import CapabilityError, WardenError
-from warden._execution import AttemptRunner, uncancel
+from warden._execution import (
+    AttemptRunner,
+    BlockingWaits,
+    LoopWaits,
+    Waits,
+    run_to_end,
+    uncancel,
+)
 from warden._grants import GrantKey
 from warden._handlers import HandlerThreads
 from warden._outbox import Outbox, default_outbox_path
@@ -195,12 +202,12 @@ class Runtime:
         self._registered = False
         self._handler_threads = HandlerThreads(max_handler_threads)
         self._authorizers: list[Authorizer] = []
-        self._attempts = AttemptRunner(
-            self._transport,
-            self._outbox,
-            self._handler_threads,
-            self._authorizers,
-            wait_s=self._wait_s,
+        self._attempts = AttemptRunner(self._outbox, self._authorizers)
+        self._loop_waits = LoopWaits(
+            self._transport, self._outbox, self._handler_threads, self._wait_s
+        )
+        self._blocking_waits = BlockingWaits(
+            self._transport, self._outbox, self._handler_threads, self._wait_s, self._sync
         )
         self._loop_thread: _LoopThread | None = None
         self._loop_lock = threading.Lock()
@@ -333,9 +340,19 @@ class Runtime:
             timeout_ms=timeout_ms,
             retry=retry,
         )
+        if cancel is None and self._runs_blocking(capability_id):
+            # This thread waits anyway: the attempt runs on it, with no event loop.
+            return run_to_end(self._traced_call(call, None, self._blocking_waits))
         # The task the loop thread runs it in is this call's alone: no caller
         # can cancel it but through ``cancel``, so it needs no shelter (``_to_the_end``).
-        return self._sync(self._traced_call(call, cancel))
+        return self._sync(self._traced_call(call, cancel, self._loop_waits))
+
+    def _runs_blocking(self, capability_id: str) -> bool:
+        """Whether a call can wait by blocking its caller's thread: its handler,
+        if served here, is synchronous, and registering is not due (that takes
+        the event loop)."""
+        spec = self._capabilities.get(capability_id)
+        return (spec is None or not spec.is_async) and (self._registered or not self._capabilities)
 
     @in_invocation_trace
     async def ainvoke(
@@ -390,7 +407,7 @@ class Runtime:
             timeout_ms=timeout_ms,
             retry=retry,
         )
-        return await _to_the_end(self._call_in_task(call, cancel))
+        return await _to_the_end(self._call_in_task(call, cancel, self._loop_waits))
 
     def _new_call(
         self,
@@ -420,14 +437,16 @@ class Runtime:
         )
 
     @in_invocation_trace
-    async def _traced_call(self, call: _Call, cancel: CancelToken | None) -> Envelope:
-        return await self._call_in_task(call, cancel)
+    async def _traced_call(self, call: _Call, cancel: CancelToken | None, waits: Waits) -> Envelope:
+        return await self._call_in_task(call, cancel, waits)
 
-    async def _call_in_task(self, call: _Call, cancel: CancelToken | None) -> Envelope:
+    async def _call_in_task(
+        self, call: _Call, cancel: CancelToken | None, waits: Waits
+    ) -> Envelope:
         with cancel.bound_to_current_task() if cancel else contextlib.nullcontext():
-            return await self._call(call, cancel)
+            return await self._call(call, cancel, waits)
 
-    async def _call(self, call: _Call, cancel: CancelToken | None) -> Envelope:
+    async def _call(self, call: _Call, cancel: CancelToken | None, waits: Waits) -> Envelope:
         """Attempts until one answers for good, or retrying is no longer honest."""
         spec = self._capabilities.get(call.capability_id)
         side_effect = spec.side_effect if spec else None
@@ -442,7 +461,7 @@ class Runtime:
                     call_id=call.call_id,
                     attempt=attempt,
                 )
-            envelope = await self._attempt(call, attempt)
+            envelope = await self._attempt(call, attempt, waits)
             if attempt >= call.retry.max_attempts or not may_retry(
                 envelope, side_effect, call.idempotency_key
             ):
@@ -461,13 +480,13 @@ class Runtime:
                 extra={"warden_code": envelope.error.code, "warden_cause": cause},
             )
             try:
-                await asyncio.sleep(delay)
+                await waits.sleep(delay)
             except asyncio.CancelledError:
                 uncancel()
                 return replace(envelope, status="cancelled", error=CapabilityError("CANCELLED"))
             attempt += 1
 
-    async def _attempt(self, call: _Call, attempt: int) -> Envelope:
+    async def _attempt(self, call: _Call, attempt: int, waits: Waits) -> Envelope:
         """One attempt, as an envelope stamped with its call and attempt number."""
         invocation_id = str(uuid7())
         try:
@@ -493,7 +512,8 @@ class Runtime:
                 attempt=attempt,
                 timeout_ms=call.timeout_ms,
             )
-            envelope = await self._attempts.run(self._capabilities.get(call.capability_id), request)
+            spec = self._capabilities.get(call.capability_id)
+            envelope = await self._attempts.run(spec, request, waits)
         return replace(envelope, call_id=call.call_id, attempt=attempt)
 
     # -- discovery ---------------------------------------------------------
@@ -593,6 +613,7 @@ class Runtime:
         if loop_thread is not None:
             loop_thread.run(self._transport.aclose())
             loop_thread.stop()
+        self._transport.close_blocking()
         self._handler_threads.shutdown()
 
     async def aclose(self) -> None:

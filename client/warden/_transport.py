@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
@@ -150,6 +151,10 @@ class _Pool(Generic[C]):
         self._stubs = list(connections)
         self._turn = itertools.count()
 
+    @property
+    def connections(self) -> list[C]:
+        return list(self._stubs)
+
     def next(self, now: float | None = None) -> C:
         """The connection for the next call."""
         now = time.monotonic() if now is None else now
@@ -197,7 +202,8 @@ def _blocking_pool(
 
 
 class Transport:
-    """Async gRPC access to the plane: a few connections per event loop."""
+    """gRPC access to the plane: a few asyncio connections per event loop, and
+    a few blocking ones for ``Begin`` from threads that wait anyway."""
 
     def __init__(
         self, target: str, token: str, *, timeout_s: float, tls: TLS | None = None
@@ -207,6 +213,9 @@ class Transport:
         self._timeout_s = timeout_s
         self._credentials = _credentials(tls)
         self._pools: dict[asyncio.AbstractEventLoop, _Pool[_Stubs]] = {}
+        self._blocking: _Pool[_BlockingStubs] | None = None
+        self._blocking_lock = threading.Lock()
+        """Guards the blocking pool: any thread may call ``begin_blocking``."""
 
     def _for_loop(self) -> _Stubs:
         loop = asyncio.get_running_loop()
@@ -225,6 +234,32 @@ class Transport:
                 request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
             )
         )
+
+    def begin_blocking(self, request: governor_pb2.BeginRequest) -> governor_pb2.BeginResponse:
+        """``begin`` from a thread that waits for the answer anyway (``Runtime.invoke``):
+        no event loop on the way there or back."""
+        with self._blocking_lock:
+            if self._blocking is None:
+                self._blocking = _blocking_pool(self.target, self._credentials)
+            stubs = self._blocking.next()
+            stubs.in_flight += 1
+        sent = time.monotonic()
+        try:
+            answer, call = stubs.governor.Begin.with_call(
+                request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
+            )
+        except grpc.RpcError as exc:
+            raise governance_error(exc.code(), exc.details() or "", self.target) from None
+        else:
+            for key, value in call.trailing_metadata() or ():
+                if key == PROCESS_METADATA and isinstance(value, str):
+                    stubs.process = value
+            return answer
+        finally:
+            now = time.monotonic()
+            with self._blocking_lock:
+                stubs.in_flight -= 1
+                stubs.answered(now - sent, now)
 
     async def register(
         self, request: registry_pb2.RegisterRequest
@@ -302,6 +337,14 @@ class Transport:
         pool = self._pools.pop(asyncio.get_running_loop(), None)
         if pool is not None:
             await pool.close()
+
+    def close_blocking(self) -> None:
+        """Close the blocking connections."""
+        with self._blocking_lock:
+            pool, self._blocking = self._blocking, None
+        if pool is not None:
+            for stubs in pool.connections:
+                stubs.channel.close()
 
 
 class ReportTransport:

@@ -137,3 +137,34 @@ def test_a_loop_that_ended_is_let_go(threads: HandlerThreads) -> None:
     assert [asyncio.run(one_call()) for _ in range(3)] == [7, 7, 7]
     gc.collect()
     assert [loop() for loop in ended] == [None, None, None]
+
+
+def test_a_blocking_caller_gets_the_result_or_what_the_call_raised(
+    threads: HandlerThreads,
+) -> None:
+    caller = threading.get_ident()
+    assert threads.call(threading.get_ident, timeout_s=5) != caller
+    with pytest.raises(KeyError, match="gone"):
+        threads.call(lambda: {}["gone"], timeout_s=5)
+    with pytest.raises(TimeoutError, match="its own"):  # the call's own, not the budget's
+
+        def late() -> None:
+            raise TimeoutError("its own")
+
+        threads.call(late, timeout_s=5)
+
+
+def test_a_blocking_caller_stops_waiting_at_its_budget_and_a_call_not_started_never_runs() -> None:
+    pool = HandlerThreads(1)
+    release = threading.Event()
+    ran: list[str] = []
+    try:
+        with pytest.raises(TimeoutError, match=r"ran past its 0\.05 s"):
+            pool.call(release.wait, timeout_s=0.05)  # holds the only thread
+        with pytest.raises(TimeoutError):
+            pool.call(lambda: ran.append("late"), timeout_s=0.05)
+        release.set()
+        assert pool.call(lambda: ran.append("next"), timeout_s=5) is None
+    finally:
+        pool.shutdown()
+    assert ran == ["next"]
