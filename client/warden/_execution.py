@@ -196,7 +196,8 @@ def run_to_end(attempt: Coroutine[Any, Any, T]) -> T:
 
 
 class AttemptRunner:
-    """Runs attempts against one plane, with one pool of handler threads."""
+    """Runs attempts against one plane: ``Begin``, the handler, the report,
+    each waited for as the attempt's ``Waits`` say."""
 
     def __init__(self, outbox: Outbox, authorizers: Sequence[Authorizer] = ()) -> None:
         self._authorizers = authorizers

@@ -7,6 +7,10 @@ hands the outcome to the outbox (``_outbox``), which reports it (``Complete``)
 in the background until the plane has it. A failed attempt is retried only
 when that is honest (SI-11, ``_retry``). Governed failures come back as
 envelopes, never as exceptions.
+
+``ainvoke`` waits on the caller's event loop. ``invoke`` of a synchronous
+handler waits by blocking its calling thread, with no event loop on the way;
+otherwise it runs on the runtime's own loop thread (``_LoopThread``).
 """
 
 from __future__ import annotations
