@@ -319,6 +319,11 @@ class AttemptRunner:
         except Exception as exc:
             error = CapabilityError("INTERNAL_ERROR", cause=exc)
             return self._report(granted, error, executed=True)
+        except BaseException:
+            # Interrupted (KeyboardInterrupt in the thread of a blocking invoke):
+            # the outcome is on its way to the plane before the interruption goes on.
+            self._report(granted, CapabilityError("CANCELLED"), executed=ran.is_set())
+            raise
         try:
             output_json, output = _checked_output(spec, result, granted)
         except OutputInvalidError as exc:

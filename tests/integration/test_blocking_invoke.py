@@ -16,8 +16,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+from pydantic import BaseModel
+
 import warden
-from tests.conftest import Plant
+from tests.conftest import ORDERS_TOKEN, Plant
+
+
+class OrderRef(BaseModel):
+    order_id: str
 
 
 @contextmanager
@@ -74,3 +81,24 @@ def test_a_governed_failure_from_a_blocking_invoke_is_the_same_envelope(
         )
     assert seen[0] == seen[1]
     assert seen[0][0] == "NO_SUCH_ORDER"
+
+
+def test_an_interrupted_blocking_invoke_still_reports_its_outcome(plant: Plant) -> None:
+    """A KeyboardInterrupt that reaches the waiting thread while the handler
+    runs goes on to the caller, and the grant is closed out as cancelled."""
+    rt = warden.Runtime(plant.target, service="orders", token=ORDERS_TOKEN)
+
+    @rt.capability("orders.get", input=OrderRef, output=OrderRef, side_effect="read")
+    def interrupted(inp: OrderRef, ctx: warden.Context) -> OrderRef:
+        raise KeyboardInterrupt
+
+    try:
+        rt.register()
+        with pytest.raises(KeyboardInterrupt):
+            rt.invoke("orders.get", {"order_id": "A1"}, actor=plant.token("bot-1"))
+        assert rt.flush(timeout_ms=10_000) == 0
+    finally:
+        rt.close()
+    (decision,) = plant.events(kind="decision", status="granted")
+    (outcome,) = plant.events(kind="outcome", invocation_id=decision["invocation_id"])
+    assert outcome["status"] == "cancelled" and outcome["executed_before_failure"] == 1
