@@ -83,6 +83,12 @@ class _Connection:
         self._latency_s = seconds if seconds > recent else recent * weight + seconds * (1 - weight)
         self._latency_at = now
 
+    def heard_from(self, trailing_metadata: Any) -> None:
+        """Learn which process answered (``x-warden-process``) from an answer's trailers."""
+        for key, value in trailing_metadata or ():
+            if key == PROCESS_METADATA and isinstance(value, str):
+                self.process = value
+
     async def close(self) -> None:
         raise NotImplementedError
 
@@ -201,9 +207,9 @@ def _blocking_pool(
     )
 
 
-class Transport:
-    """gRPC access to the plane: a few asyncio connections per event loop, and
-    a few blocking ones for ``Begin`` from threads that wait anyway."""
+class _ServiceAccess:
+    """What a service's calls to the plane carry: its token, the governance
+    timeout, and the TLS credentials read once."""
 
     def __init__(
         self, target: str, token: str, *, timeout_s: float, tls: TLS | None = None
@@ -212,6 +218,16 @@ class Transport:
         self._metadata = ((SERVICE_TOKEN_METADATA, token),)
         self._timeout_s = timeout_s
         self._credentials = _credentials(tls)
+
+
+class Transport(_ServiceAccess):
+    """gRPC access to the plane: a few asyncio connections per event loop, and
+    a few blocking ones for ``Begin`` from threads that wait anyway."""
+
+    def __init__(
+        self, target: str, token: str, *, timeout_s: float, tls: TLS | None = None
+    ) -> None:
+        super().__init__(target, token, timeout_s=timeout_s, tls=tls)
         self._pools: dict[asyncio.AbstractEventLoop, _Pool[_Stubs]] = {}
         self._blocking: _Pool[_BlockingStubs] | None = None
         self._blocking_lock = threading.Lock()
@@ -251,9 +267,7 @@ class Transport:
         except grpc.RpcError as exc:
             raise governance_error(exc.code(), exc.details() or "", self.target) from None
         else:
-            for key, value in call.trailing_metadata() or ():
-                if key == PROCESS_METADATA and isinstance(value, str):
-                    stubs.process = value
+            stubs.heard_from(call.trailing_metadata())
             return answer
         finally:
             now = time.monotonic()
@@ -321,9 +335,7 @@ class Transport:
         try:
             rpc = call(stubs)
             answer = await rpc
-            for key, value in await rpc.trailing_metadata() or ():
-                if key == PROCESS_METADATA and isinstance(value, str):
-                    stubs.process = value
+            stubs.heard_from(await rpc.trailing_metadata())
             return answer
         except grpc.aio.AioRpcError as exc:
             raise governance_error(exc.code(), exc.details() or "", self.target) from None
@@ -347,7 +359,7 @@ class Transport:
                 stubs.channel.close()
 
 
-class ReportTransport:
+class ReportTransport(_ServiceAccess):
     """Outcome reports to the plane, from the outbox's own event loop, through
     connections of gRPC's blocking API.
 
@@ -363,10 +375,7 @@ class ReportTransport:
     def __init__(
         self, target: str, token: str, *, timeout_s: float, tls: TLS | None = None
     ) -> None:
-        self.target = target
-        self._metadata = ((SERVICE_TOKEN_METADATA, token),)
-        self._timeout_s = timeout_s
-        self._credentials = _credentials(tls)
+        super().__init__(target, token, timeout_s=timeout_s, tls=tls)
         self._pool: _Pool[_BlockingStubs] | None = None
 
     async def complete(
@@ -417,9 +426,7 @@ class ReportTransport:
                 answer = rpc.result()
             except grpc.RpcError as exc:
                 raise governance_error(exc.code(), exc.details() or "", self.target) from None
-            for key, value in rpc.trailing_metadata() or ():
-                if key == PROCESS_METADATA and isinstance(value, str):
-                    stubs.process = value
+            stubs.heard_from(rpc.trailing_metadata())
             return answer
         finally:
             stubs.in_flight -= 1
