@@ -108,16 +108,24 @@ class _LoopThread:
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on the loop in the caller's context (its contextvars,
-        and so its current trace span), and wait for the result."""
+        and so its current trace span), and wait for the result.
+
+        A KeyboardInterrupt or SystemExit the coroutine raises (a handler that
+        calls ``sys.exit()``) is raised here, in the caller's thread: raised on
+        the loop, it would stop the loop, and with it every call waiting there.
+        """
         caller = contextvars.copy_context()
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def start() -> None:
-            task = self.loop.create_task(coroutine, context=caller)
+            task = self.loop.create_task(_contained(coroutine), context=caller)
             task.add_done_callback(functools.partial(_settle, done))
 
         self.loop.call_soon_threadsafe(start)
-        return done.result()
+        try:
+            return done.result()
+        except _Interruption as interruption:
+            raise interruption.raised from None
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -147,6 +155,23 @@ async def _to_the_end(invocation: Coroutine[Any, Any, Envelope]) -> Envelope:
                 cancelled = True
                 task.cancel()
     return task.result()
+
+
+class _Interruption(Exception):
+    """A KeyboardInterrupt or SystemExit on its way from the loop thread to the caller's."""
+
+    def __init__(self, raised: KeyboardInterrupt | SystemExit) -> None:
+        super().__init__(repr(raised))
+        self.raised = raised
+
+
+async def _contained(coroutine: Coroutine[Any, Any, T]) -> T:
+    """``coroutine``, with the interruptions an event loop lets through wrapped
+    as an ordinary exception, so that the loop goes on."""
+    try:
+        return await coroutine
+    except (KeyboardInterrupt, SystemExit) as raised:
+        raise _Interruption(raised) from None
 
 
 def _settle(done: concurrent.futures.Future[T], task: asyncio.Task[T]) -> None:

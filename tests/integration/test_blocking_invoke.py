@@ -102,3 +102,51 @@ def test_an_interrupted_blocking_invoke_still_reports_its_outcome(plant: Plant) 
     (decision,) = plant.events(kind="decision", status="granted")
     (outcome,) = plant.events(kind="outcome", invocation_id=decision["invocation_id"])
     assert outcome["status"] == "cancelled" and outcome["executed_before_failure"] == 1
+
+
+def within(seconds: float, work: Any) -> Any:
+    """What ``work()`` returns or raises, run on a thread of its own: a call
+    that never returns fails the test instead of hanging the suite."""
+    answer: list[Any] = []
+
+    def run() -> None:
+        try:
+            answer.append(work())
+        except BaseException as exc:
+            answer.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=seconds)
+    assert answer, f"{work} did not return within {seconds} s"
+    return answer[0]
+
+
+@pytest.mark.parametrize("interruption", [SystemExit(3), KeyboardInterrupt()])
+def test_an_async_handler_that_exits_leaves_the_runtime_serving(
+    plant: Plant, interruption: BaseException
+) -> None:
+    """An async handler runs on the runtime's event loop: what it raises that
+    an event loop lets through (``sys.exit()``) reaches the caller of
+    ``invoke``, its outcome is reported, and the loop goes on serving calls."""
+    rt = warden.Runtime(plant.target, service="orders", token=ORDERS_TOKEN)
+
+    @rt.capability("orders.get", input=OrderRef, output=OrderRef, side_effect="read")
+    async def get(inp: OrderRef, ctx: warden.Context) -> OrderRef:
+        if inp.order_id == "exit":
+            raise interruption
+        return inp
+
+    def invoke(order_id: str) -> Any:
+        return lambda: rt.invoke("orders.get", {"order_id": order_id}, actor=plant.token("bot-1"))
+
+    within(20, rt.register)
+    exited = within(20, invoke("exit"))
+    served = within(20, invoke("A1"))
+    assert within(20, lambda: rt.flush(timeout_ms=10_000)) == 0
+    within(20, rt.close)
+    assert exited is interruption
+    assert isinstance(served, warden.Envelope) and served.status == "succeeded"
+    stopped = plant.events(kind="decision", status="granted")[0]
+    (outcome,) = plant.events(kind="outcome", invocation_id=stopped["invocation_id"])
+    assert outcome["status"] == "cancelled" and outcome["executed_before_failure"] == 1
