@@ -28,7 +28,7 @@ from opentelemetry.trace import Tracer
 from warden_server.policy.model import parse_duration
 from warden_server.records.events import AuditEvent
 from warden_server.telemetry.logs import fields, silence_leaky_loggers
-from warden_server.telemetry.metrics import Metrics, MetricsEndpoint
+from warden_server.telemetry.metrics import LatencySeries, Metrics, MetricsEndpoint
 
 if TYPE_CHECKING:
     from warden_server.config import TelemetrySection
@@ -92,6 +92,8 @@ class Telemetry:
         elif traces == "otlp":
             self.export_spans(otlp_spans(otlp_endpoint, otlp_headers))
         self.metrics = Metrics()
+        self._step_series: dict[Callable[..., object], LatencySeries] = {}
+        """Each pipeline step's latency series, looked up once."""
         self._pusher: MetricsPusher | None = None
         if metrics == "otlp":
             from warden_server.telemetry.otlp import MetricsPusher
@@ -126,19 +128,25 @@ class Telemetry:
 
     def run_stage(self, step: Callable[[P, C], Failure | None], plane: P, ctx: C) -> Failure | None:
         """Run one pipeline step inside its own span, timing it."""
-        name = step.__name__
-        stage = STEP_STAGES.get(name, name)
+        series = self._step_series.get(step)
+        if series is None:
+            name = step.__name__
+            series = self._step_series[step] = self.metrics.stage_seconds_of(
+                STEP_STAGES.get(name, name), name
+            )
         started = time.perf_counter()
         if not self.tracing:
             failure = step(plane, ctx)
         else:
+            name = step.__name__
+            stage = STEP_STAGES.get(name, name)
             with self.tracer.start_as_current_span(
                 f"warden.{name}", attributes={"warden.stage": stage, "warden.step": name}
             ) as span:
                 failure = step(plane, ctx)
                 if failure is not None:
                     span.set_attributes({"warden.code": failure.code, "warden.failed": True})
-        self.metrics.stage_seconds_of(stage, name).observe(time.perf_counter() - started)
+        series.observe(time.perf_counter() - started)
         return failure
 
     def committed(self, transactions: int, events: Sequence[AuditEvent], seconds: float) -> None:

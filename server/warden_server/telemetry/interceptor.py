@@ -4,14 +4,13 @@ trace from the W3C ``traceparent`` metadata), its latency and a debug log line."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import grpc
 import grpc.aio
@@ -54,6 +53,9 @@ class TelemetryInterceptor(_Interceptor):
         self._wrapped: dict[str, Handler] = {}
         """Each method's wrapped handler, built once (the caller's trace context
         is read from each call's own metadata)."""
+        self._trace_fields = frozenset(propagate.get_global_textmap().fields)
+        """The metadata keys the trace context is read from (``traceparent``,
+        ``tracestate``, ``baggage`` unless ``OTEL_PROPAGATORS`` says otherwise)."""
 
     async def intercept_service(  # type: ignore[override]  # None: no such method
         self,
@@ -129,42 +131,23 @@ class TelemetryInterceptor(_Interceptor):
 
         return wrapped
 
-    @contextlib.contextmanager
-    def _observed(self, method: str, context: grpc.ServicerContext | Context) -> Iterator[None]:
+    def _observed(self, method: str, context: grpc.ServicerContext | Context) -> _Observed:
         """A call's span (or its caller's trace context), then its latency,
         status and debug line once it ends: when it returns or raises, or
         just before ``abort`` sends its status (``CALL_ENDING``)."""
-        started = time.perf_counter()
-        ended: list[str] = []
-        with self._span(method, context) as span:
-
-            def end(code: str) -> None:
-                if not ended:
-                    ended.append(code)
-                    self._finish(method, code, span, started)
-
-            ending = CALL_ENDING.set(lambda status: end(status.name))
-            try:
-                yield
-            except BaseException as exc:
-                end(_code_name(context, exc))
-                raise
-            else:
-                end(_code_name(context, None))
-            finally:
-                CALL_ENDING.reset(ending)
+        return _Observed(self, method, context)
 
     def _span(self, method: str, context: grpc.ServicerContext | Context) -> Any:
-        carrier = {
-            key: value
-            for key, value in context.invocation_metadata() or ()
-            if isinstance(value, str)
-        }
+        metadata = context.invocation_metadata() or ()
         if not self._telemetry.tracing:
-            return _CallerContext(propagate.extract(carrier))
+            # Most calls carry no trace context at all (a ``traceparent``, say):
+            # the current one, empty, stays, with nothing to parse or attach.
+            if not any(key in self._trace_fields for key, _ in metadata):
+                return _NO_CALLER
+            return _CallerContext(propagate.extract(_carrier(metadata)))
         return self._telemetry.tracer.start_as_current_span(
             method,
-            context=propagate.extract(carrier),
+            context=propagate.extract(_carrier(metadata)),
             kind=SpanKind.SERVER,
             attributes={"rpc.system": "grpc", "rpc.method": method},
         )
@@ -172,7 +155,7 @@ class TelemetryInterceptor(_Interceptor):
     def _finish(self, method: str, code: str, span: Any, started: float) -> None:
         seconds = time.perf_counter() - started
         span.set_attribute("rpc.grpc.status_code", code)
-        self._telemetry.metrics.rpc_series(method, code).observe(seconds)
+        self._telemetry.metrics.rpc_seconds.series(method, code).observe(seconds)
         if not log.isEnabledFor(logging.DEBUG):
             return
         log.debug(
@@ -226,6 +209,78 @@ class _BlockingContext:
 
     def auth_context(self) -> Any:
         return self._context.auth_context()
+
+
+class _Observed:
+    """``TelemetryInterceptor._observed``: a context manager of its own class,
+    since a generator's costs several times as much and every call has one."""
+
+    __slots__ = (
+        "_context",
+        "_ended",
+        "_ending",
+        "_interceptor",
+        "_manager",
+        "_method",
+        "_span",
+        "_started",
+    )
+
+    def __init__(
+        self,
+        interceptor: TelemetryInterceptor,
+        method: str,
+        context: grpc.ServicerContext | Context,
+    ) -> None:
+        self._interceptor = interceptor
+        self._method = method
+        self._context = context
+        self._ended = False
+
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+        self._manager = self._interceptor._span(self._method, self._context)
+        self._span = self._manager.__enter__()
+        self._ending = CALL_ENDING.set(self._aborting)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, trace: object
+    ) -> None:
+        try:
+            self._end(_code_name(self._context, exc))
+        finally:
+            CALL_ENDING.reset(self._ending)
+            self._manager.__exit__(kind, exc, trace)
+
+    def _aborting(self, status: grpc.StatusCode) -> None:
+        self._end(status.name)
+
+    def _end(self, code: str) -> None:
+        if not self._ended:
+            self._ended = True
+            self._interceptor._finish(self._method, code, self._span, self._started)
+
+
+def _carrier(metadata: Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
+    return {key: value for key, value in metadata if isinstance(value, str)}
+
+
+class _NoCaller:
+    """A call with no trace context: nothing to make current."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NoCaller:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def set_attribute(self, key: str, value: object) -> None:
+        """Spans' attributes go nowhere while nothing exports them."""
+
+
+_NO_CALLER: Final = _NoCaller()
 
 
 class _CallerContext:

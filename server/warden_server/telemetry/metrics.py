@@ -9,12 +9,14 @@ exposition without bound.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import socketserver
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Final, Generic, TypeVar
+from typing import Final
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
@@ -25,9 +27,10 @@ from prometheus_client import (
     generate_latest,
     make_wsgi_app,
 )
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from warden.shared.codes import CODES
 from warden_server.addresses import metrics_address
@@ -61,25 +64,104 @@ _LATENCY_BUCKETS: Final = (
 _BATCH_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
-M = TypeVar("M", Counter, Histogram)
-
-
-class Series(Generic[M]):
-    """The series of a labelled metric, each looked up once: ``labels()``
+class Series:
+    """The series of a labelled counter, each looked up once: ``labels()``
     takes a lock and builds a key every call, and these are counted on every
     request. Label values are bounded sets (see above), so is this cache."""
 
     __slots__ = ("_children", "_metric")
 
-    def __init__(self, metric: M) -> None:
-        self._metric: M = metric
-        self._children: dict[tuple[str, ...], M] = {}
+    def __init__(self, metric: Counter) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Counter] = {}
 
-    def __call__(self, *values: str) -> M:
+    def __call__(self, *values: str) -> Counter:
         child = self._children.get(values)
         if child is None:
             child = self._children[values] = self._metric.labels(*values)
         return child
+
+
+class LatencySeries:
+    """One labelled series of a ``LatencyHistogram``."""
+
+    __slots__ = ("_bounds", "_counts", "_lock", "_sum", "created")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self._bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)  # the last: above every bound
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        self.created = time.time()
+
+    def observe(self, seconds: float) -> None:
+        # The bucket of the first bound at or above the value (``le``).
+        where = bisect.bisect_left(self._bounds, seconds)
+        with self._lock:
+            self._counts[where] += 1
+            self._sum += seconds
+
+    def read(self) -> tuple[list[int], float]:
+        """The count in each bucket (not cumulative) and the sum."""
+        with self._lock:
+            return list(self._counts), self._sum
+
+
+class LatencyHistogram(Collector):
+    """A latency histogram observed on every request, exposed as
+    ``prometheus_client.Histogram`` exposes one (``_bucket``, ``_count``,
+    ``_sum``, ``_created``).
+
+    ``Histogram.observe`` takes two locks and walks its bounds in Python: with
+    a series per pipeline step and per RPC, that was a tenth of a ``Begin``'s
+    CPU under load (docs/performance.md). Here an observation is a binary
+    search and one lock; the buckets add up when the registry is read.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str],
+        *,
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = tuple(labels)
+        self._bounds = tuple(sorted(buckets))
+        self._series: dict[tuple[str, ...], LatencySeries] = {}
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def series(self, *values: str) -> LatencySeries:
+        """The series of these label values (made on first use)."""
+        found = self._series.get(values)
+        if found is None:
+            if len(values) != len(self._labels):
+                raise ValueError(f"{self._name} takes labels {self._labels}, not {values}")
+            with self._lock:
+                found = self._series.setdefault(values, LatencySeries(self._bounds))
+        return found
+
+    def describe(self) -> Iterable[Metric]:
+        return [HistogramMetricFamily(self._name, self._documentation, labels=self._labels)]
+
+    def collect(self) -> Iterable[Metric]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labels)
+        with self._lock:
+            series = list(self._series.items())
+        for values, one in series:
+            counts, total = one.read()
+            cumulative, buckets = 0, []
+            for bound, count in zip((*self._bounds, float("inf")), counts, strict=True):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+            family.add_metric(list(values), buckets, total)
+            labels = dict(zip(self._labels, values, strict=True))
+            family.samples.append(Sample(f"{self._name}_created", labels, one.created))
+        return [family]
 
 
 class Metrics:
@@ -102,16 +184,14 @@ class Metrics:
             ["stage", "code", "status"],
             registry=r,
         )
-        self.rpc_seconds = Histogram(
+        self.rpc_seconds = LatencyHistogram(
             "warden_rpc_duration_seconds",
             "Time to answer an RPC, by method and gRPC status code.",
             ["method", "code"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.rpc_series = Series(self.rpc_seconds)
-        """``rpc_seconds`` by ``(method, code)``."""
-        self.stage_seconds = Histogram(
+        self.stage_seconds = LatencyHistogram(
             "warden_stage_duration_seconds",
             "Time spent in one pipeline step, by stage and step.",
             ["stage", "step"],
@@ -150,7 +230,6 @@ class Metrics:
             registry=r,
         )
         self._revision: str | None = None
-        self._stage_series = Series(self.stage_seconds)
         self._decision_series = Series(self.decisions)
         self._outcome_series = Series(self.outcomes)
 
@@ -164,9 +243,9 @@ class Metrics:
         """Where the usage of the limits in force is read (the plane's store)."""
         r.register(_LimitGauges(self))
 
-    def stage_seconds_of(self, stage: str, step: str) -> Histogram:
+    def stage_seconds_of(self, stage: str, step: str) -> LatencySeries:
         """The ``stage_seconds`` series of one step."""
-        return self._stage_series(stage, step)
+        return self.stage_seconds.series(stage, step)
 
     def committed(self, transactions: int, events: Sequence[AuditEvent], seconds: float) -> None:
         """Count a committed batch and the records in it."""
