@@ -113,8 +113,9 @@ class LatencyHistogram(Collector):
     ``_sum``, ``_created``).
 
     ``Histogram.observe`` takes two locks and walks its bounds in Python: with
-    a series per pipeline step and per RPC, that was a tenth of a ``Begin``'s
-    CPU under load (docs/performance.md). Here an observation is a binary
+    a sample per pipeline step and per RPC, that and the call's observation
+    came to about a tenth of a ``Begin``'s CPU under load (docs/performance.md,
+    item 45). Here an observation is a binary
     search and one lock; the buckets add up when the registry is read.
     """
 
