@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import make_config
 from tests.integration.store_opener import open_store
 from warden_server.config import ConfigError, config_from_dict
+from warden_server.store import SQLiteStore, StoreError
 from warden_server.store.migrations import MIGRATIONS
 
 # These open stores and read configs; no plane here is served with the count
@@ -72,3 +73,16 @@ def test_a_password_in_the_store_url_is_refused(tmp_path: Path, store: str) -> N
         config_from_dict(base, base_dir=tmp_path)
     assert "PGPASSWORD" in str(raised.value)
     assert "secret" not in str(raised.value)
+
+
+def test_a_file_that_is_not_a_database_is_refused_and_nothing_is_left_beside_it(
+    tmp_path: Path,
+) -> None:
+    """A store path naming some other file (a typo in the config) is refused
+    before the writers' lock file is made beside it, and the file is untouched."""
+    path = tmp_path / "warden.db"
+    path.write_text("not a database at all\n")
+    with pytest.raises(StoreError, match="file is not a database"):
+        SQLiteStore(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["warden.db"]
+    assert path.read_text() == "not a database at all\n"

@@ -102,6 +102,20 @@ SQLITE: Final = audit_sql.Dialect(
 )
 
 
+_SQLITE_HEADER: Final = b"SQLite format 3\x00"
+
+
+def _not_a_database(path: Path) -> bool:
+    """Whether ``path`` is a file with something in it other than a SQLite
+    database (an empty file, or none, becomes a store)."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(len(_SQLITE_HEADER))
+    except OSError:  # missing, or unreadable: opening it says which
+        return False
+    return bool(head) and head != _SQLITE_HEADER
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     conn.row_factory = sqlite3.Row
@@ -411,6 +425,10 @@ class SQLiteStore:
         """
         if self.path.is_dir():  # SQLite would say only "unable to open database file"
             raise StoreError(f"{self.path}: cannot open the store: it is a folder, not a file")
+        if _not_a_database(self.path):
+            # Said before the writers' lock file is made beside it: a path
+            # that names some other file leaves nothing behind.
+            raise StoreError(f"{self.path}: cannot open the store: file is not a database")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # Processes sharing the file take turns at writing through this lock,
