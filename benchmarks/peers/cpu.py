@@ -54,3 +54,60 @@ def machine_busy_seconds() -> float:
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
     return (user + nice + system + irq + softirq + steal) / _TICKS
+
+
+def connections_by_process(pid: int, port: int) -> list[int]:
+    """How many established connections to ``port`` each process of ``pid``'s
+    tree holds, busiest first; processes holding none are left out.
+
+    Processes sharing a port (SO_REUSEPORT) each get the connections the
+    kernel's hash sends them, once per connection: a split such as 14 and 2
+    halves one process's load and doubles the other's queue, which moves a
+    point's throughput and p99 more than most changes to the server. Read
+    beside each point so a reader can tell luck from cost.
+    """
+    accepted = _established_sockets(port)
+    counts: list[int] = []
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        held = sum(1 for inode in _socket_inodes(current) if inode in accepted)
+        if held:
+            counts.append(held)
+        pending.extend(_children(current))
+    return sorted(counts, reverse=True)
+
+
+_ESTABLISHED = "01"
+
+
+def _established_sockets(port: int) -> set[str]:
+    """Inodes of the established TCP sockets whose local port is ``port``."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == _ESTABLISHED and int(local.rsplit(":", 1)[1], 16) == port:
+                inodes.add(inode)
+    return inodes
+
+
+def _socket_inodes(pid: int) -> list[str]:
+    found: list[str] = []
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found  # it exited in the meantime
+    for descriptor in descriptors:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{descriptor}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.append(target[8:-1])
+    return found

@@ -27,8 +27,10 @@ def measure(
 ) -> dict[str, Any]:
     """One point: ``inflight`` requests in flight for ``duration`` seconds.
 
-    Returns the generator's JSON result with ``server_cpu_cores`` added, and
-    ``other_cpu_cores``: what the rest of the machine used meanwhile.
+    Returns the generator's JSON result with ``server_cpu_cores`` added,
+    ``other_cpu_cores`` (what the rest of the machine used meanwhile) and
+    ``connections_by_process`` (``cpu.connections_by_process``, read as the
+    window starts).
     """
     with tempfile.NamedTemporaryFile(suffix=".bin") as body:
         body.write(target.template)
@@ -63,6 +65,7 @@ def measure(
         )
         assert generator.stdout is not None
         marks: dict[str, tuple[float, float, float]] = {}
+        spread: list[int] = []
         result: dict[str, Any] | None = None
         for printed in generator.stdout:
             line = printed.strip()
@@ -72,6 +75,10 @@ def measure(
                     cpu.tree_seconds(target.process.pid),
                     cpu.machine_busy_seconds(),
                 )
+                if line == "start":  # the generator has connected and warmed up
+                    spread = cpu.connections_by_process(target.process.pid, target.port)
+                    # A serving process the hash sent nothing holds none: count it.
+                    spread += [0] * (target.processes - len(spread))
             elif line.startswith("{"):
                 result = json.loads(line)
         stderr = generator.stderr.read() if generator.stderr else ""
@@ -79,6 +86,7 @@ def measure(
     if result is None:
         raise LoadError(f"the load generator printed no result: {stderr.strip()}")
     result["server_cpu_cores"] = result["other_cpu_cores"] = 0.0
+    result["connections_by_process"] = spread
     if "start" in marks and "end" in marks:
         (t0, s0, m0), (t1, s1, m1) = marks["start"], marks["end"]
         if t1 > t0:
