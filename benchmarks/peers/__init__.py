@@ -142,8 +142,9 @@ def run(
 def _progress(turn: int, name: str, inflight: int, sample: dict[str, Any]) -> None:
     errors = f", {sample['errors_total']} errors" if sample["errors_total"] else ""
     spread = sample["connections_by_process"]
+    cores = "/".join(f"{each:.2f}" for each in sample["cpu_cores_by_process"])
     # Only a split over several processes says anything: one process holds all.
-    split = f", connections {'/'.join(map(str, spread))}" if len(spread) > 1 else ""
+    split = f", connections {'/'.join(map(str, spread))} (cores {cores})" if len(spread) > 1 else ""
     print(
         f"    round {turn + 1} {name:<7} {inflight:>3} in flight: {sample['rps']:8.0f} rps, "
         f"p99 {sample['p99_ms']:7.2f} ms{split}{errors}",

@@ -56,7 +56,7 @@ def cerbos_pdp(binary: Path, folder: Path, actor_token: str) -> Iterator[Target]
     ]
 
     def make(process: subprocess.Popen[bytes]) -> Target:
-        return Target("cerbos", port, CHECK_PATH, template, process, processes=1)
+        return Target("cerbos", port, CHECK_PATH, template, process)
 
     log = root / "server.log"
     with running("cerbos", command, log, make) as target:

@@ -2,12 +2,14 @@
 
 A server may fork workers (``--processes``), so its cost is the sum over the
 tree. Read twice, around the measured window, the difference divided by the
-window is the cores the server used to serve that load.
+window is the cores the server used to serve that load; read for each
+process serving the port, how that load fell on them.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -19,12 +21,13 @@ def tree_seconds(pid: int) -> float:
     pending = [pid]
     while pending:
         current = pending.pop()
-        total += _own_seconds(current)
+        total += process_seconds(current)
         pending.extend(_children(current))
     return total
 
 
-def _own_seconds(pid: int) -> float:
+def process_seconds(pid: int) -> float:
+    """user + system CPU seconds of ``pid`` alone (every thread, no children)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -56,34 +59,47 @@ def machine_busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / _TICKS
 
 
-def connections_by_process(pid: int, port: int) -> list[int]:
-    """How many established connections to ``port`` each process of ``pid``'s
-    tree holds, busiest first; processes holding none are left out.
+@dataclass(frozen=True)
+class Serving:
+    """One process of a server's tree that serves a port."""
+
+    pid: int
+    connections: int
+    """The established connections to the port this process has accepted."""
+
+
+def serving_processes(pid: int, port: int) -> list[Serving]:
+    """The processes of ``pid``'s tree that listen on ``port`` or hold
+    connections accepted from it, busiest first.
 
     Processes sharing a port (SO_REUSEPORT) each get the connections the
     kernel's hash sends them, once per connection: a split such as 14 and 2
     halves one process's load and doubles the other's queue, which moves a
     point's throughput and p99 more than most changes to the server. Read
-    beside each point so a reader can tell luck from cost.
+    beside each point, with each process's CPU, so a reader can tell luck
+    from cost. A process that listens but was sent nothing counts zero.
     """
-    accepted = _established_sockets(port)
-    counts: list[int] = []
+    listening, accepted = _sockets_on(port)
+    found: list[Serving] = []
     pending = [pid]
     while pending:
         current = pending.pop()
-        held = sum(1 for inode in _socket_inodes(current) if inode in accepted)
-        if held:
-            counts.append(held)
+        inodes = _socket_inodes(current)
+        held = sum(1 for inode in inodes if inode in accepted)
+        if held or any(inode in listening for inode in inodes):
+            found.append(Serving(current, held))
         pending.extend(_children(current))
-    return sorted(counts, reverse=True)
+    return sorted(found, key=lambda serving: serving.connections, reverse=True)
 
 
 _ESTABLISHED = "01"
+_LISTENING = "0A"
 
 
-def _established_sockets(port: int) -> set[str]:
-    """Inodes of the established TCP sockets whose local port is ``port``."""
-    inodes: set[str] = set()
+def _sockets_on(port: int) -> tuple[set[str], set[str]]:
+    """Inodes of the TCP sockets whose local port is ``port``: listening, and established."""
+    listening: set[str] = set()
+    established: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -92,9 +108,13 @@ def _established_sockets(port: int) -> set[str]:
         for line in lines:
             fields = line.split()
             local, state, inode = fields[1], fields[3], fields[9]
-            if state == _ESTABLISHED and int(local.rsplit(":", 1)[1], 16) == port:
-                inodes.add(inode)
-    return inodes
+            if int(local.rsplit(":", 1)[1], 16) != port:
+                continue
+            if state == _ESTABLISHED:
+                established.add(inode)
+            elif state == _LISTENING:
+                listening.add(inode)
+    return listening, established
 
 
 def _socket_inodes(pid: int) -> list[str]:

@@ -28,9 +28,10 @@ def measure(
     """One point: ``inflight`` requests in flight for ``duration`` seconds.
 
     Returns the generator's JSON result with ``server_cpu_cores`` added,
-    ``other_cpu_cores`` (what the rest of the machine used meanwhile) and
-    ``connections_by_process`` (``cpu.connections_by_process``, read as the
-    window starts).
+    ``other_cpu_cores`` (what the rest of the machine used meanwhile), and
+    for each process serving the port, busiest first
+    (``cpu.serving_processes``, read as the window starts):
+    ``connections_by_process`` and ``cpu_cores_by_process``.
     """
     with tempfile.NamedTemporaryFile(suffix=".bin") as body:
         body.write(target.template)
@@ -65,20 +66,20 @@ def measure(
         )
         assert generator.stdout is not None
         marks: dict[str, tuple[float, float, float]] = {}
-        spread: list[int] = []
+        serving: list[cpu.Serving] = []
+        by_process: dict[str, list[float]] = {}
         result: dict[str, Any] | None = None
         for printed in generator.stdout:
             line = printed.strip()
             if line in ("start", "end"):
+                if line == "start":  # the generator has connected and warmed up
+                    serving = cpu.serving_processes(target.process.pid, target.port)
+                by_process[line] = [cpu.process_seconds(each.pid) for each in serving]
                 marks[line] = (
                     time.monotonic(),
                     cpu.tree_seconds(target.process.pid),
                     cpu.machine_busy_seconds(),
                 )
-                if line == "start":  # the generator has connected and warmed up
-                    spread = cpu.connections_by_process(target.process.pid, target.port)
-                    # A serving process the hash sent nothing holds none: count it.
-                    spread += [0] * (target.processes - len(spread))
             elif line.startswith("{"):
                 result = json.loads(line)
         stderr = generator.stderr.read() if generator.stderr else ""
@@ -86,11 +87,16 @@ def measure(
     if result is None:
         raise LoadError(f"the load generator printed no result: {stderr.strip()}")
     result["server_cpu_cores"] = result["other_cpu_cores"] = 0.0
-    result["connections_by_process"] = spread
+    result["connections_by_process"] = [each.connections for each in serving]
+    result["cpu_cores_by_process"] = [0.0] * len(serving)
     if "start" in marks and "end" in marks:
         (t0, s0, m0), (t1, s1, m1) = marks["start"], marks["end"]
         if t1 > t0:
             result["server_cpu_cores"] = (s1 - s0) / (t1 - t0)
+            result["cpu_cores_by_process"] = [
+                (end - start) / (t1 - t0)
+                for start, end in zip(by_process["start"], by_process["end"], strict=True)
+            ]
             machine = (m1 - m0) / (t1 - t0)
             others = machine - result["server_cpu_cores"] - result["cpu_cores"]
             result["other_cpu_cores"] = max(0.0, others)

@@ -59,7 +59,6 @@ class Target:
     path: str
     template: bytes
     process: subprocess.Popen[bytes]
-    processes: int
     headers: list[str] = field(default_factory=list)
 
     @property
@@ -164,7 +163,6 @@ def warden_plane(folder: Path, processes: int, actor_token: str) -> Iterator[Tar
             path=BEGIN_PATH,
             template=request.SerializeToString(),
             process=process,
-            processes=processes,
             headers=[f"{SERVICE_TOKEN_METADATA}: {workload.SERVICE_TOKEN}"],
         )
 
@@ -189,7 +187,7 @@ def echo_floor(folder: Path, processes: int, template: bytes) -> Iterator[Target
     command += ["--processes", str(processes)]
 
     def make(process: subprocess.Popen[bytes]) -> Target:
-        return Target("echo", port, echo.PATH, template, process, processes)
+        return Target("echo", port, echo.PATH, template, process)
 
     log = folder / "echo.log"
     with running("echo", command, log, make) as target:

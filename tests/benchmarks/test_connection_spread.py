@@ -1,6 +1,6 @@
-"""``connections_by_process`` counts, for each process of a tree, the
-connections to a port that process has accepted: the split the peers
-benchmark prints beside each point."""
+"""``serving_processes`` finds the processes of a tree that serve a port and
+counts the connections each has accepted: the split the peers benchmark
+prints beside each point, with each one's CPU (``process_seconds``)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
 
-from benchmarks.peers.cpu import connections_by_process
+from benchmarks.peers.cpu import process_seconds, serving_processes, tree_seconds
 
 # A child that accepts ``n`` connections on the inherited listening socket,
 # says so, and holds them until its standard input closes.
@@ -55,12 +56,34 @@ def test_each_process_counts_the_connections_it_accepted(listener: socket.socket
         stack.enter_context(mine)
         clients.append(stack.enter_context(socket.create_connection(("127.0.0.1", port))))
 
-        assert connections_by_process(os.getpid(), port) == [3, 1]
+        serving = serving_processes(os.getpid(), port)
+        assert [(each.pid, each.connections) for each in serving] == [
+            (child.pid, 3),
+            (os.getpid(), 1),
+        ]
         # The client ends (local port: their own) are not counted, nor is another port.
-        assert connections_by_process(os.getpid(), port + 1 if port < 65535 else 1) == []
+        assert serving_processes(os.getpid(), port + 1 if port < 65535 else 1) == []
 
 
-def test_a_process_with_nothing_accepted_is_left_out(listener: socket.socket) -> None:
+def test_a_listening_process_with_nothing_accepted_counts_zero(listener: socket.socket) -> None:
     port = listener.getsockname()[1]
     with socket.create_connection(("127.0.0.1", port)):
-        assert connections_by_process(os.getpid(), port) == []
+        serving = serving_processes(os.getpid(), port)
+        assert [(each.pid, each.connections) for each in serving] == [(os.getpid(), 0)]
+
+
+def test_a_process_cpu_is_its_own_not_its_childrens() -> None:
+    busy = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", busy + "\ninput()"], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while process_seconds(child.pid) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        spent = process_seconds(child.pid)  # idle from here on, waiting for its input
+        assert spent >= 0.3
+        # The child's time counts in the tree, not in this process's own
+        # (read first: this process keeps running between the two reads).
+        own = process_seconds(os.getpid())
+        assert round(tree_seconds(os.getpid()) - own, 2) >= spent  # in clock ticks
+    finally:
+        child.communicate(b"\n", timeout=10)
