@@ -9,6 +9,7 @@ process serving the port, how that load fell on them.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,13 +18,16 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 def tree_seconds(pid: int) -> float:
     """user + system CPU seconds of ``pid`` and all its live descendants."""
-    total = 0.0
+    return sum(process_seconds(each) for each in _tree(pid))
+
+
+def _tree(pid: int) -> Iterator[int]:
+    """``pid`` and its live descendants."""
     pending = [pid]
     while pending:
         current = pending.pop()
-        total += process_seconds(current)
+        yield current
         pending.extend(_children(current))
-    return total
 
 
 def process_seconds(pid: int) -> float:
@@ -81,14 +85,11 @@ def serving_processes(pid: int, port: int) -> list[Serving]:
     """
     listening, accepted = _sockets_on(port)
     found: list[Serving] = []
-    pending = [pid]
-    while pending:
-        current = pending.pop()
+    for current in _tree(pid):
         inodes = _socket_inodes(current)
         held = sum(1 for inode in inodes if inode in accepted)
         if held or any(inode in listening for inode in inodes):
             found.append(Serving(current, held))
-        pending.extend(_children(current))
     return sorted(found, key=lambda serving: serving.connections, reverse=True)
 
 
