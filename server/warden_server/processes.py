@@ -123,7 +123,14 @@ def freeze_what_is_loaded() -> None:
 
 @dataclass
 class _Joined:
-    """One joined process, and our ends of its pipes."""
+    """One joined process, and our ends of its pipes.
+
+    Its liveness is read from the process itself (a pidfd), not from what
+    multiprocessing offers: a forkserver's child reads as ended whenever the
+    forkserver does, and the forkserver ends on its own when it is killed or
+    signalled with the whole process group (as a service manager stops a
+    unit), while the processes it forked go on serving.
+    """
 
     process: BaseProcess
     lifeline: Connection
@@ -132,6 +139,46 @@ class _Joined:
     """The pipe on which it says how its start goes, until it serves."""
     started_at: float
     metrics_port: int | None = None
+    pidfd: int | None = None
+    """A handle on the process, readable once it ends (None where the
+    system has none: then the forkserver's word is all there is)."""
+
+    @property
+    def ended(self) -> int:
+        """What reads as ready once the process ends, for ``connection.wait``."""
+        return self.pidfd if self.pidfd is not None else self.process.sentinel
+
+    def alive(self) -> bool:
+        if self.pidfd is None:
+            return self.process.is_alive()
+        return not multiprocessing.connection.wait([self.pidfd], timeout=0)
+
+    def send(self, signum: signal.Signals) -> None:
+        """Send ``signum`` (SIGTERM or SIGKILL) to the process, unless it ended."""
+        if self.pidfd is None and signum == signal.SIGTERM:
+            self.process.terminate()
+        elif self.pidfd is None:
+            self.process.kill()
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, signum)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the process ends, or ``timeout`` passes."""
+        if self.pidfd is None:
+            self.process.join(timeout)
+        else:
+            multiprocessing.connection.wait([self.pidfd], timeout)
+
+
+def _pidfd(process: BaseProcess) -> int | None:
+    """A pidfd of ``process`` (Linux 5.3 and later), or None."""
+    if process.pid is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(process.pid)
+    except OSError:  # no pidfds here, or it ended already: its sentinel says so
+        return None
 
 
 class JoinedProcesses:
@@ -219,7 +266,7 @@ class JoinedProcesses:
             raise
         ready_child.close()
         lifeline_child.close()
-        return _Joined(process, lifeline, ready, time.monotonic())
+        return _Joined(process, lifeline, ready, time.monotonic(), pidfd=_pidfd(process))
 
     def listen(self) -> None:
         """Wait until every process has loaded its plane and waits to listen,
@@ -260,7 +307,7 @@ class JoinedProcesses:
         pauses = [0.0] * len(self._joined)
         while not self._stopping.is_set():
             with self._lock:
-                sentinels = {j.process.sentinel: i for i, j in enumerate(self._joined)}
+                sentinels = {j.ended: i for i, j in enumerate(self._joined)}
             for sentinel in multiprocessing.connection.wait(list(sentinels), timeout=1.0):
                 if self._stopping.is_set():  # they end because the plane stops
                     return
@@ -278,6 +325,7 @@ class JoinedProcesses:
                 return pause
             old = self._joined[index]
         lived = time.monotonic() - old.started_at
+        old.process.join(timeout=1)  # its status, from the forkserver that reaped it
         if lived < STABLE_AFTER_S:  # it could not live: wait longer each time
             pause = min(RESTART_PAUSES_S[1], max(pause * 2, RESTART_PAUSES_S[0]))
         else:
@@ -304,8 +352,8 @@ class JoinedProcesses:
             if kept:
                 self._joined[index] = joined
         if not kept:  # the plane stopped meanwhile
-            joined.process.terminate()
-            joined.process.join()
+            joined.send(signal.SIGTERM)
+            joined.join()
             _close(joined)
             return pause
         _close(old)
@@ -334,20 +382,20 @@ class JoinedProcesses:
         with self._lock:
             joined, self._joined = self._joined, []
         for each in joined:
-            if each.process.is_alive():
-                each.process.terminate()  # SIGTERM: the process drains, then exits
+            if each.alive():
+                each.send(signal.SIGTERM)  # the process drains, then exits
         allowed_s = (grace or 0) + 10
         deadline = time.monotonic() + allowed_s
         for each in joined:
-            each.process.join(timeout=max(0.1, deadline - time.monotonic()))
-            if each.process.is_alive():
+            each.join(timeout=max(0.1, deadline - time.monotonic()))
+            if each.alive():
                 log.warning(
                     "process %s did not stop within %g s of SIGTERM: killed",
                     each.process.pid,
                     allowed_s,
                 )
-                each.process.kill()
-                each.process.join()
+                each.send(signal.SIGKILL)
+                each.join()
             _close(each)
         if self._supervisor is not None:
             self._supervisor.join(timeout=10)
@@ -376,8 +424,11 @@ def _serving(joined: _Joined) -> None:
 
 
 def _close(joined: _Joined) -> None:
-    with contextlib.suppress(ValueError):  # closed already, by multiprocessing
+    with contextlib.suppress(ValueError):  # closed already, or its forkserver has not said
         joined.process.close()
+    if joined.pidfd is not None:
+        os.close(joined.pidfd)
+        joined.pidfd = None
     for pipe in (joined.lifeline, joined.ready):
         if pipe is not None:
             pipe.close()

@@ -16,8 +16,15 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from benchmarks import process_tree
-from tests.conftest import EXAMPLE_POLICIES, ORDERS_TOKEN, Plant, copy_policies, make_config
+from benchmarks import free_port, process_tree, wait_until_serving, warden_command
+from tests.conftest import (
+    ACTOR_SECRET,
+    EXAMPLE_POLICIES,
+    ORDERS_TOKEN,
+    Plant,
+    copy_policies,
+    make_config,
+)
 from warden.shared.wire import PROCESS_METADATA, SERVICE_TOKEN_METADATA
 from warden.v1 import governor_pb2, governor_pb2_grpc, policy_pb2, policy_pb2_grpc
 from warden_server.app import SERVICE_NAMES, ServerLoop, _grpc_server, launch, serve
@@ -387,6 +394,85 @@ def test_a_process_that_ends_while_serving_is_replaced(
     assert f"(pid {killed}) ended with status -9" in caplog.text
     metrics = plant.server.plane.telemetry.metrics.registry
     assert metrics.get_sample_value("warden_processes_replaced_total") == 1
+
+
+def test_a_process_outlives_its_forkserver_and_is_not_replaced(
+    start_plane: Callable[..., Plant], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The joining processes are forked from multiprocessing's forkserver,
+    whose pipe reads as if each of them had ended when only the forkserver
+    did (killed here; a service manager signalling the whole process group
+    does the same). They go on serving: none is replaced, no error is logged,
+    and the plane still stops them."""
+    plant = start_plane(processes=2)
+    joined = plant.server.joined
+    assert joined is not None
+    (serving,) = joined.pids
+    forkserver = _parent(serving)
+    assert forkserver is not None and forkserver != os.getpid()
+    os.kill(forkserver, signal.SIGKILL)
+    deadline = time.monotonic() + 3  # a replacement is logged at once, started within 1 s
+    while time.monotonic() < deadline:
+        assert "ended with status" not in caplog.text, "a live process was taken for ended"
+        time.sleep(0.05)
+    assert joined.replaced == 0
+    assert joined.pids == [serving]
+    assert len(processes_answering(plant.target, 2)) == 2, "only one process answers"
+    plant.server.stop(grace=0)
+    assert _ends_within(serving, 15), "the plane's stop did not reach the process"
+
+
+def test_a_plane_signalled_as_a_process_group_stops_cleanly(tmp_path: Path) -> None:
+    """``systemctl stop`` (KillMode=control-group) sends SIGTERM to every
+    process of the plane at once, the forkserver among them: the plane exits
+    with status 0 and logs no error."""
+    config = tmp_path / "warden.toml"
+    (tmp_path / "policies").mkdir()
+    config.write_text(
+        '[server]\nstore = "warden.db"\npolicies = "policies"\nprocesses = 2\n'
+        f'[actors]\nhs256_secret = "{ACTOR_SECRET}"\n'
+        f'[services.orders]\ntoken = "{ORDERS_TOKEN}"\nnamespaces = ["orders"]\n'
+    )
+    port = free_port()
+    plane = subprocess.Popen(
+        [*warden_command(), "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        wait_until_serving(f"127.0.0.1:{port}", plane)
+        assert len(processes_answering(f"127.0.0.1:{port}", 2)) == 2
+        os.killpg(plane.pid, signal.SIGTERM)
+        _, stderr = plane.communicate(timeout=30)
+    finally:
+        if plane.poll() is None:
+            os.killpg(plane.pid, signal.SIGKILL)
+            plane.wait()
+    said = stderr.decode()
+    assert plane.returncode == 0, said
+    assert " ERROR " not in said, said
+    assert "stopping" in said
+
+
+def _ends_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if _state(pid) == "Z":  # ended; its new parent has yet to reap it
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return None
 
 
 def test_metrics_count_the_calls_every_process_served(tmp_path: Path, orders_example: Any) -> None:
