@@ -167,8 +167,10 @@ class _Joined:
         """Wait until the process ends, or ``timeout`` passes."""
         if self.pidfd is None:
             self.process.join(timeout)
-        else:
-            multiprocessing.connection.wait([self.pidfd], timeout)
+        elif multiprocessing.connection.wait([self.pidfd], timeout):
+            # Ended: its status too, from the forkserver that reaped it (at
+            # once if that one is gone), so that multiprocessing forgets it.
+            self.process.join(timeout=1)
 
 
 def _pidfd(process: BaseProcess) -> int | None:
