@@ -97,6 +97,8 @@ class ServerLoop:
 
 
 SLOW_STOP_S: Final = 5.0
+CLOSING_WAIT_S: Final = 5.0
+"""How long a stop waits for grants being closed (``Plane.closing``)."""
 
 
 @contextlib.contextmanager
@@ -188,6 +190,7 @@ class Server:
             self.sweeper.stop()
         self.plane.approval_events.close()  # watch streams end now, not at the grace's end
         self.loop.run(self.grpc_server.stop(grace))
+        self.loop.run(_closed(self.plane.closing))  # while the store is open
         if self.approval_tail is not None:
             self.approval_tail.stop()
         if self.retention is not None:
@@ -210,6 +213,12 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop(grace=0.5)
+
+
+async def _closed(closing: set[asyncio.Task[None]]) -> None:
+    """Wait (a while) for the grants being closed whose calls a stop cut short."""
+    if closing:
+        await asyncio.wait(set(closing), timeout=CLOSING_WAIT_S)
 
 
 def server_credentials(config: Config) -> grpc.ServerCredentials | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -160,6 +161,9 @@ class Plane:
     joined: bool = False
     """This process joined a plane another process started (``[server] processes``):
     that one alone sweeps approvals and prunes, and serves the plane's metrics."""
+    closing: set[asyncio.Task[None]] = field(default_factory=set)
+    """Grants being closed on the server's loop because their ``Begin`` ended
+    before it answered; the server waits for them before the store closes."""
 
     @classmethod
     def from_config(

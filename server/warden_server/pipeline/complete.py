@@ -28,7 +28,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from warden.shared.canonical import canonical_json, compact_json, digest, strict_loads
-from warden.shared.codes import STAGES
+from warden.shared.codes import CODES, STAGES
 from warden_server.auth.services import Service
 from warden_server.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from warden_server.grants import GrantError
@@ -188,6 +188,14 @@ def _prepare(plane: Plane, request: CompleteRequest) -> int | _Report:
     invocation = plane.store.get_invocation(request.invocation_id)
     if invocation is None:
         raise NotFound(f"no granted invocation {request.invocation_id}")
+    return _recorded(plane, request, invocation)
+
+
+def _recorded(
+    plane: Plane, request: CompleteRequest, invocation: InvocationRecord
+) -> int | _Report:
+    """The write that records a checked report's outcome of ``invocation``;
+    the answer at once for a report already recorded."""
     report = report_digest(request)
     if invocation.state == "completed":
         return _repeated(invocation, report)
@@ -256,6 +264,47 @@ def _prepare(plane: Plane, request: CompleteRequest) -> int | _Report:
         return seq
 
     return _Report(invocation.invocation_id, report, work)
+
+
+UNDELIVERED: Final = "the answer never reached the caller: the call ended before its grant was sent"
+"""The cause on the outcome the plane records for a grant it never delivered."""
+
+
+def undelivered(
+    plane: Plane, invocation: InvocationRecord, service: Service
+) -> Callable[[WriteTransaction], int] | None:
+    """The write that closes a grant whose ``Begin`` ended before answering
+    (the caller cancelled it, its deadline passed, or the plane stopped)
+    while its decision was committed: no grant token was ever made, so the
+    handler cannot have run under it. The outcome is recorded as the caller
+    would report a cancellation before the handler ran (``CANCELLED``,
+    retryable, not executed), which releases an idempotency key for the
+    retry and gives back what a limit counted, instead of leaving the grant
+    ambiguous until it expires. None when the invocation already has its
+    outcome."""
+    defaults = CODES["CANCELLED"]
+    request = CompleteRequest(
+        service=service,
+        invocation_id=invocation.invocation_id,
+        grant_token="",
+        status="cancelled",
+        failure=OutcomeFailure(
+            code=defaults.code,
+            stage=defaults.stage,
+            public_message=defaults.public_message,
+            retryable=defaults.retryable,
+            exposed=defaults.exposed,
+            details=None,
+        ),
+        output_json="",
+        executed_before_failure=False,
+        cause_type="",
+        cause_message=UNDELIVERED,
+        stack="",
+        duration_ms=0,
+    )
+    recorded = _recorded(plane, request, invocation) if invocation.state == "granted" else None
+    return recorded.work if isinstance(recorded, _Report) else None
 
 
 def report_digest(request: CompleteRequest) -> str:

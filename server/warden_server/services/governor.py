@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -27,12 +28,15 @@ from warden_server.pipeline.complete import (
     OutcomeFailure,
     complete,
     complete_all,
+    undelivered,
 )
 from warden_server.pipeline.context import BeginRequest
 from warden_server.plane import Plane
 from warden_server.registry import recorded_capability_id
 from warden_server.services import convert
 from warden_server.services.status import async_rpc, refusal_of, rpc
+
+log = logging.getLogger(__name__)
 
 MAX_REPORTS: Final = 256
 """The most outcome reports one CompleteMany call carries."""
@@ -111,6 +115,16 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
             raise
         try:
             result = await abegin(plane, decoded)
+        except asyncio.CancelledError:
+            # The call ended (cancelled, its deadline passed, or the server
+            # stopping) while the decision was being committed: a grant its
+            # caller never received is closed on the record.
+            closing = asyncio.get_running_loop().create_task(
+                _close_undelivered(plane, decoded.invocation_id, service)
+            )
+            plane.closing.add(closing)
+            closing.add_done_callback(plane.closing.discard)
+            raise
         except Exception as exc:
             # An id already decided (its twin's decision stands) or whatever
             # broke: the attempt is on the record (SI-3) before the caller hears
@@ -175,6 +189,32 @@ class GovernorServicer(governor_pb2_grpc.GovernorServicer):
                 for d in decoded
             ]
         )
+
+
+async def _close_undelivered(plane: Plane, invocation_id: str, service: Service) -> None:
+    """Record the outcome of ``invocation_id`` if its ``Begin`` granted it
+    but never answered (``complete.undelivered``)."""
+    try:
+        # The Begin's own write is queued; a write queued after it commits
+        # after it, so the invocation then reads as the Begin left it.
+        await plane.store.atransact(_nothing)
+        invocation = plane.store.get_invocation(invocation_id)
+        work = undelivered(plane, invocation, service) if invocation is not None else None
+        if work is not None:
+            await plane.store.atransact(work)
+            log.info("invocation %s: granted, but its caller was gone; closed", invocation_id)
+    except Exception as exc:  # the store closing with the plane, say: it stays open
+        log.warning(
+            "invocation %s: granted, but its caller was gone, and closing it failed "
+            "(%s: %s); it ends when its grant expires",
+            invocation_id,
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _nothing(tx: object) -> None:
+    return None
 
 
 def _deadline(plane: Plane, context: Context) -> float:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +20,7 @@ from tests.conftest import ORDERS_TOKEN, Plant
 from tests.integration.approving import Clock, approver
 from tests.integration.guarantees.lab import Ledger, PayOut, build_payments
 from warden.v1 import governor_pb2, governor_pb2_grpc
+from warden_server.pipeline.complete import UNDELIVERED
 
 SERVICE = (("x-warden-service-token", ORDERS_TOKEN),)
 CARD = {"number": "4111111111111111", "holder": "Ada"}
@@ -317,6 +321,103 @@ def test_an_outcome_that_never_arrived_is_ambiguous_and_never_rerun(
     assert late.status == "succeeded" and late.replayed_from == died.invocation_id
     assert late.output.payment_id == "P-late"
     assert ledger.runs() == 0
+
+
+def test_a_grant_whose_caller_left_before_the_answer_is_closed_and_its_key_released(
+    payments: warden.Runtime, pay_plant: Plant, ledger: Ledger
+) -> None:
+    """A caller that gives up on its ``Begin`` while the decision commits (it
+    cancels, or its deadline passes) never receives the grant: the token is
+    made after the commit, for the answer. The plane records the outcome at
+    once (cancelled before the handler ran), so a retry with the key runs,
+    instead of meeting OPERATION_IN_PROGRESS until the grant expires and
+    OUTCOME_UNKNOWN after it."""
+    actor = pay_plant.token()
+    invocation_id = str(uuid.uuid4())
+    turns = os.open(f"{pay_plant.db_path}.writer-lock", os.O_RDWR)
+    try:
+        with grpc.insecure_channel(pay_plant.target) as channel:
+            fcntl.flock(turns, fcntl.LOCK_EX)  # the plane's commits wait for this
+            try:
+                call = governor_pb2_grpc.GovernorStub(channel).Begin.future(
+                    governor_pb2.BeginRequest(
+                        invocation_id=invocation_id,
+                        capability_id="orders.pay",
+                        actor_token=actor,
+                        input_json=json.dumps(pay_input()),
+                        idempotency_key="k-gone",
+                    ),
+                    metadata=SERVICE,
+                )
+                time.sleep(0.5)  # decided in milliseconds; its record waits for the lock
+                assert call.cancel(), "the Begin answered while its commit could not happen"
+            finally:
+                fcntl.flock(turns, fcntl.LOCK_UN)
+    finally:
+        os.close(turns)
+    deadline = time.monotonic() + 10
+    while not pay_plant.events(invocation_id=invocation_id, kind="outcome"):
+        assert time.monotonic() < deadline, "the undelivered grant was left open"
+        time.sleep(0.05)
+    assert decision(pay_plant, invocation_id)["status"] == "granted"
+    (closed,) = pay_plant.events(invocation_id=invocation_id, kind="outcome")
+    assert closed["status"] == "cancelled"
+    assert (closed["code"], closed["stage"]) == ("CANCELLED", "cancellation")
+    assert closed["executed_before_failure"] == 0 and closed["retryable"] == 1
+    assert closed["cause_message"] == UNDELIVERED
+    assert key_row(pay_plant, "k-gone") is None
+
+    retried = payments.invoke("orders.pay", pay_input(), actor=actor, idempotency_key="k-gone")
+    assert retried.status == "succeeded" and retried.replayed_from is None
+    assert ledger.runs() == 1
+
+
+def test_a_grant_cut_short_by_the_plane_stopping_is_closed_before_the_store_closes(
+    launch: Callable[..., Plant], ledger: Ledger
+) -> None:
+    """The same when the plane stops: its calls in flight are cancelled at the
+    end of the grace, and the grants among them are closed before the store
+    is."""
+    plant = launch(server={"processes": 1})
+    service = build_payments(plant.target, ORDERS_TOKEN, ledger)
+    try:
+        service.register()
+    finally:
+        service.close()
+    invocation_id = str(uuid.uuid4())
+    turns = os.open(f"{plant.db_path}.writer-lock", os.O_RDWR)
+    stopping = threading.Thread(target=plant.server.stop, kwargs={"grace": 0})
+    try:
+        with grpc.insecure_channel(plant.target) as channel:
+            fcntl.flock(turns, fcntl.LOCK_EX)
+            try:
+                call = governor_pb2_grpc.GovernorStub(channel).Begin.future(
+                    governor_pb2.BeginRequest(
+                        invocation_id=invocation_id,
+                        capability_id="orders.pay",
+                        actor_token=plant.token(),
+                        input_json=json.dumps(pay_input()),
+                        idempotency_key="k-stop",
+                    ),
+                    metadata=SERVICE,
+                )
+                time.sleep(0.5)  # decided; its record waits for the lock
+                stopping.start()
+                time.sleep(0.5)  # the stop cancels the call, which is still waiting
+            finally:
+                fcntl.flock(turns, fcntl.LOCK_UN)
+            stopping.join(30)
+            assert not stopping.is_alive(), "the plane did not stop"
+            with pytest.raises(grpc.RpcError):
+                call.result(timeout=5)
+    finally:
+        os.close(turns)
+    assert decision(plant, invocation_id)["status"] == "granted"
+    outcomes = plant.events(invocation_id=invocation_id, kind="outcome")
+    assert [(o["status"], o["code"], o["cause_message"]) for o in outcomes] == [
+        ("cancelled", "CANCELLED", UNDELIVERED)
+    ]
+    assert key_row(plant, "k-stop") is None
 
 
 def test_an_idempotent_resume_after_approval(
