@@ -179,7 +179,9 @@ def test_the_plane_never_grants_after_its_deadline(
 
 def test_a_client_deadline_shorter_than_the_work_fails_closed(pay_plant: Plant) -> None:
     # gRPC usually ends the call at the client; on a loaded machine the plane's
-    # answer can win that race, and then it must be a refusal. Either way,
+    # answer can win that race, and then it must be a refusal: the deadline's,
+    # or, when the plane read the deadline a moment before it passed, that of
+    # its first stage (orders.pay is not registered here). Either way,
     # nothing is granted.
     with grpc.insecure_channel(pay_plant.target) as channel:
         stub = governor_pb2_grpc.GovernorStub(channel)
@@ -198,7 +200,7 @@ def test_a_client_deadline_shorter_than_the_work_fails_closed(pay_plant: Plant) 
             assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         else:
             assert answer.WhichOneof("outcome") == "failure", answer
-            assert answer.failure.code == "GOVERNANCE_UNAVAILABLE"
+            assert answer.failure.code in {"GOVERNANCE_UNAVAILABLE", "CAPABILITY_NOT_FOUND"}
     assert pay_plant.rows("SELECT * FROM invocations") == []
 
 
