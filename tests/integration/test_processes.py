@@ -27,6 +27,7 @@ from tests.conftest import (
 )
 from warden.shared.wire import PROCESS_METADATA, SERVICE_TOKEN_METADATA
 from warden.v1 import governor_pb2, governor_pb2_grpc, policy_pb2, policy_pb2_grpc
+from warden_server import processes
 from warden_server.app import SERVICE_NAMES, ServerLoop, _grpc_server, launch, serve
 from warden_server.plane import Plane
 from warden_server.policy.loader import PolicyLoadError
@@ -374,11 +375,18 @@ def test_each_process_names_itself_in_governor_answers(
     assert learned and learned <= seen, f"the runtime's connections learned {learned}"
 
 
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "sentinel"])
 def test_a_process_that_ends_while_serving_is_replaced(
-    start_plane: Callable[..., Plant], caplog: pytest.LogCaptureFixture
+    start_plane: Callable[..., Plant],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    pidfds: bool,
 ) -> None:
     """A process killed while the plane serves (by the kernel, for memory,
-    say) is logged and replaced, and the new one serves beside the first."""
+    say) is logged and replaced, and the new one serves beside the first;
+    also where the system has no pidfds, and only the forkserver says."""
+    if not pidfds:
+        monkeypatch.setattr(processes, "_pidfd", lambda process: None)
     plant = start_plane(processes=2)
     joined = plant.server.joined
     assert joined is not None
