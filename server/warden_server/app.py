@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -522,22 +522,46 @@ async def _grpc_server(
             ("grpc.so_reuseport", int(processes > 1)),
         ],
     )
-    governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), server)
-    registry_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(plane), server)
-    policy_pb2_grpc.add_PoliciesServicer_to_server(PoliciesServicer(plane), server)
-    approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(plane), server)
-    grants_pb2_grpc.add_GrantKeysServicer_to_server(GrantKeysServicer(plane), server)
-    audit_pb2_grpc.add_AuditServicer_to_server(AuditServicer(plane), server)
+    # What the generated functions call of a server, all they are given.
+    generic = cast(grpc.aio.Server, _GenericOnly(server))
+    governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), generic)
+    registry_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(plane), generic)
+    policy_pb2_grpc.add_PoliciesServicer_to_server(PoliciesServicer(plane), generic)
+    approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(plane), generic)
+    grants_pb2_grpc.add_GrantKeysServicer_to_server(GrantKeysServicer(plane), generic)
+    audit_pb2_grpc.add_AuditServicer_to_server(AuditServicer(plane), generic)
     health_servicer = health_aio.HealthServicer()  # answered on the loop
     # Known, and not serving, until ``serve`` says otherwise: a health check
     # that reaches this process first (its port is shared) is told to wait,
     # not that the service does not exist.
     await _health_of_all(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, generic)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     return server, health_servicer
+
+
+class _GenericOnly:
+    """The server as the generated ``add_*Servicer_to_server`` functions see
+    it: each service's methods served through its one generic handler, none
+    registered one by one. grpc.aio keeps a pending future per registered
+    method and waits on all of them (``asyncio.wait``) at every wake-up that
+    accepts calls, about two dozen here; generic handlers share one. That
+    wait cost 2 to 3% of a ``Begin``'s CPU (``docs/performance.md``, item 46).
+    Reflection is registered on the server itself, which it checks is a
+    grpc.aio one."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(
+        self, handlers: Sequence[grpc.GenericRpcHandler[Any, Any]]
+    ) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: object) -> None:
+        """Left out: the same methods came in the service's generic handler."""
 
 
 async def _health_of_all(
