@@ -522,7 +522,7 @@ async def _grpc_server(
             ("grpc.so_reuseport", int(processes > 1)),
         ],
     )
-    # What the generated functions call of a server, all they are given.
+    # The generated functions call only the two methods it has.
     generic = cast(grpc.aio.Server, _GenericOnly(server))
     governor_pb2_grpc.add_GovernorServicer_to_server(GovernorServicer(plane), generic)
     registry_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(plane), generic)
