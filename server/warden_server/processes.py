@@ -327,7 +327,7 @@ class JoinedProcesses:
                 return pause
             old = self._joined[index]
         lived = time.monotonic() - old.started_at
-        old.process.join(timeout=1)  # its status, from the forkserver that reaped it
+        old.join(timeout=0)  # it ended: this takes its status from the forkserver
         if lived < STABLE_AFTER_S:  # it could not live: wait longer each time
             pause = min(RESTART_PAUSES_S[1], max(pause * 2, RESTART_PAUSES_S[0]))
         else:

@@ -28,7 +28,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from warden.shared.canonical import canonical_json, compact_json, digest, strict_loads
-from warden.shared.codes import CODES, STAGES
+from warden.shared.codes import STAGES, defaults
 from warden_server.auth.services import Service
 from warden_server.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from warden_server.grants import GrantError
@@ -282,18 +282,18 @@ def undelivered(
     retry and gives back what a limit counted, instead of leaving the grant
     ambiguous until it expires. None when the invocation already has its
     outcome."""
-    defaults = CODES["CANCELLED"]
+    cancelled = defaults("CANCELLED")
     request = CompleteRequest(
         service=service,
         invocation_id=invocation.invocation_id,
         grant_token="",
         status="cancelled",
         failure=OutcomeFailure(
-            code=defaults.code,
-            stage=defaults.stage,
-            public_message=defaults.public_message,
-            retryable=defaults.retryable,
-            exposed=defaults.exposed,
+            code=cancelled.code,
+            stage=cancelled.stage,
+            public_message=cancelled.public_message,
+            retryable=cancelled.retryable,
+            exposed=cancelled.exposed,
             details=None,
         ),
         output_json="",
