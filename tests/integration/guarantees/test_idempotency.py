@@ -54,6 +54,17 @@ def raw_begin(plant: Plant, arguments: Any, key: str, actor: str) -> governor_pb
         )
 
 
+def steps_taken(plant: Plant, step: str) -> float:
+    """How many times this (one-process) plane has run ``step`` of Begin."""
+    return sum(
+        sample.value
+        for family in plant.server.plane.telemetry.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "warden_stage_duration_seconds_count"
+        and sample.labels.get("step") == step
+    )
+
+
 def together(n: int, call: Callable[[], warden.Envelope]) -> list[warden.Envelope]:
     """Make ``n`` calls at once, from ``n`` threads released together."""
     barrier = threading.Barrier(n)
@@ -334,6 +345,7 @@ def test_a_grant_whose_caller_left_before_the_answer_is_closed_and_its_key_relea
     OUTCOME_UNKNOWN after it."""
     actor = pay_plant.token()
     invocation_id = str(uuid.uuid4())
+    before = steps_taken(pay_plant, "idempotency")
     turns = os.open(f"{pay_plant.db_path}.writer-lock", os.O_RDWR)
     try:
         with grpc.insecure_channel(pay_plant.target) as channel:
@@ -349,7 +361,12 @@ def test_a_grant_whose_caller_left_before_the_answer_is_closed_and_its_key_relea
                     ),
                     metadata=SERVICE,
                 )
-                time.sleep(0.5)  # decided in milliseconds; its record waits for the lock
+                # Its last step taken, its record is queued in the same turn of
+                # the plane's loop, and waits for the lock.
+                deadline = time.monotonic() + 10
+                while steps_taken(pay_plant, "idempotency") == before:
+                    assert time.monotonic() < deadline, "the Begin never reached its last step"
+                    time.sleep(0.01)
                 assert call.cancel(), "the Begin answered while its commit could not happen"
             finally:
                 fcntl.flock(turns, fcntl.LOCK_UN)
@@ -385,6 +402,7 @@ def test_a_grant_cut_short_by_the_plane_stopping_is_closed_before_the_store_clos
     finally:
         service.close()
     invocation_id = str(uuid.uuid4())
+    before = steps_taken(plant, "idempotency")
     turns = os.open(f"{plant.db_path}.writer-lock", os.O_RDWR)
     stopping = threading.Thread(target=plant.server.stop, kwargs={"grace": 0})
     try:
@@ -401,9 +419,14 @@ def test_a_grant_cut_short_by_the_plane_stopping_is_closed_before_the_store_clos
                     ),
                     metadata=SERVICE,
                 )
-                time.sleep(0.5)  # decided; its record waits for the lock
+                deadline = time.monotonic() + 10
+                while steps_taken(plant, "idempotency") == before:
+                    assert time.monotonic() < deadline, "the Begin never reached its last step"
+                    time.sleep(0.01)
                 stopping.start()
-                time.sleep(0.5)  # the stop cancels the call, which is still waiting
+                while not plant.server.plane.closing:  # the stop cancelled the waiting call
+                    assert time.monotonic() < deadline + 10, "the stop did not cancel the call"
+                    time.sleep(0.01)
             finally:
                 fcntl.flock(turns, fcntl.LOCK_UN)
             stopping.join(30)
