@@ -113,12 +113,33 @@ def stop_forkserver() -> None:
     server._stop()  # type: ignore[attr-defined]
 
 
-def freeze_what_is_loaded() -> None:
-    """Exempt every object alive now, the imported modules above all, from the
-    garbage collector: they live as long as the process, and left to it every
-    full collection while a large policy set loads would walk them again (about
-    0.2 s of a 5,000-rule start). Called where a serving process starts."""
+YOUNG_COLLECTION_THRESHOLD: Final = 10_000
+"""Allocations of container objects, net of those freed, between two
+collections of the youngest generation in a serving process (CPython's
+default is 700)."""
+
+
+def prepare_collector() -> None:
+    """Set the garbage collector up for serving. Called where a serving
+    process starts.
+
+    - Every object alive now, the imported modules above all, is exempt from
+      collection: they live as long as the process, and left to the collector
+      every full collection while a large policy set loads would walk them
+      again (about 0.2 s of a 5,000-rule start).
+    - The youngest generation is collected after ``YOUNG_COLLECTION_THRESHOLD``
+      allocations, not 700. The requests in flight hold about that many
+      objects between them, so at 700 a young collection ran every 20 or so
+      requests and moved whatever those requests still held to an older
+      generation. That included grpc.aio's reference cycle around each call's
+      handler lookup, which is freed only by a collection: it piled up in the
+      oldest generation until a full collection every second or so paused
+      the process for about 10 ms. Now a young collection runs every second
+      or so, about 2 ms, and finds those cycles already dead
+      (``docs/performance.md``, item 47).
+    """
     gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD)
 
 
 @dataclass
@@ -488,7 +509,7 @@ def _join(spec_text: str, ready: Connection, lifeline: Connection, cpu: int | No
     config = Config.model_validate(spec["config"])
     configure_logging(spec["log_level"], config.telemetry.log_format)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C reaches the first process
-    freeze_what_is_loaded()
+    prepare_collector()
 
     def told_to_listen() -> None:
         ready.send((PREPARED, ""))

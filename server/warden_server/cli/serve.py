@@ -97,11 +97,11 @@ def serve(
 
         start_forkserver()
     from warden_server.placement import cpus_for
-    from warden_server.processes import freeze_what_is_loaded
+    from warden_server.processes import prepare_collector
     from warden_server.telemetry.logs import configure_logging
 
     configure_logging(log_level, log_format or config.telemetry.log_format)
-    freeze_what_is_loaded()
+    prepare_collector()
     cpus = cpus_for(config.process_count, pin=config.server.pin_processes)
     server = _launch(config, cpus)
     running.append(server)

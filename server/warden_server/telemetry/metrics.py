@@ -23,6 +23,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
     generate_latest,
     make_wsgi_app,
@@ -230,6 +231,9 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # python_gc_collections_total{generation} and the objects collected:
+        # how often the collector paused the process (processes.prepare_collector).
+        GCCollector(registry=r)
         self._revision: str | None = None
         self._decision_series = Series(self.decisions)
         self._outcome_series = Series(self.outcomes)
