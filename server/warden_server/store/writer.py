@@ -214,10 +214,17 @@ class LoopCommits:
 
     While another process has its turn at the store, a thread waits for it
     and the loop goes on answering requests: their work joins the batch.
+
+    ``GATHER_SECONDS`` bounds how long a record waits for company when the
+    loop never catches up. It is longer than the loop takes to run the stages
+    of the 16 or so calls a process has in flight under load: at 5 ms, a
+    process cut half its batches short while some of its calls were still in
+    their stages, and those calls waited for the batch after (p99 at 32 in
+    flight 20 against 15 ms at 8 ms; ``docs/performance.md``, item 48).
     """
 
     IDLE_TURNS = 20
-    GATHER_SECONDS = 0.005
+    GATHER_SECONDS = 0.008
 
     def __init__(
         self,
