@@ -81,7 +81,9 @@ def _metric(family: Family, since_ns: int, now: int) -> Metric | None:
     if family.type == "counter":
         data = Sum(
             data_points=[
-                NumberDataPoint(dict(key), start(values), now, values.get("_total", 0.0))
+                # A Prometheus sample is a double, whatever a collector put in it
+                # (prometheus_client's GCCollector counts in ints).
+                NumberDataPoint(dict(key), start(values), now, float(values.get("_total", 0.0)))
                 for key, values in series.items()
             ],
             aggregation_temporality=AggregationTemporality.CUMULATIVE,
@@ -98,7 +100,7 @@ def _metric(family: Family, since_ns: int, now: int) -> Metric | None:
     elif family.type == "gauge":
         data = Gauge(
             data_points=[
-                NumberDataPoint(dict(key), start(values), now, values.get("", 0.0))
+                NumberDataPoint(dict(key), start(values), now, float(values.get("", 0.0)))
                 for key, values in series.items()
             ]
         )
