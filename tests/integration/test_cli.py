@@ -205,6 +205,17 @@ def start_serve(
     return process
 
 
+def await_serving(process: subprocess.Popen[str], target: str) -> None:
+    """Wait for ``warden serve`` to answer SERVING on ``target``; fail the test
+    with what it said on stderr if it never does."""
+    try:
+        wait_until_serving(target, process, seconds=30)
+    except (RuntimeError, grpc.RpcError):
+        process.kill()
+        _, stderr = process.communicate(timeout=10)
+        pytest.fail(f"warden serve never served on {target}:\n{stderr}")
+
+
 @pytest.mark.fixed_processes
 def test_python_dash_m_runs_the_cli() -> None:
     done = subprocess.run(
@@ -326,13 +337,7 @@ def test_serve_is_healthy_reflects_its_services_and_stops_cleanly_on_sigterm(
     process = start_serve(processes, config_path, target)
     channel = grpc.insecure_channel(target)
     try:
-        try:
-            wait_until_serving(target, process, seconds=30)
-        except (RuntimeError, grpc.RpcError):
-            process.kill()
-            _, stderr = process.communicate(timeout=10)
-            pytest.fail(f"warden serve never served on {target}:\n{stderr}")
-
+        await_serving(process, target)
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "warden.v1.Governor", "warden.v1.Registry"):
             # This connection may reach the other process, which may say
@@ -376,12 +381,7 @@ def test_serve_collects_young_garbage_rarely_so_calls_in_flight_do_not_age_into_
     config_path.write_text(f'{text}\n[telemetry]\nmetrics_listen = "{metrics}"\n')
     target = f"127.0.0.1:{free_port()}"
     process = start_serve(processes, config_path, target, "--processes", "1")
-    try:
-        wait_until_serving(target, process, seconds=30)
-    except (RuntimeError, grpc.RpcError):
-        process.kill()
-        _, stderr = process.communicate(timeout=10)
-        pytest.fail(f"warden serve never served on {target}:\n{stderr}")
+    await_serving(process, target)
 
     def young_collections() -> float:
         with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as page:
