@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -9,7 +10,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -52,6 +53,46 @@ def raw_begin(plant: Plant, arguments: Any, key: str, actor: str) -> governor_pb
             ),
             metadata=SERVICE,
         )
+
+
+@contextlib.contextmanager
+def begin_held_at_its_commit(
+    plant: Plant, channel: grpc.Channel, invocation_id: str, actor: str, key: str
+) -> Iterator[grpc.Future[Any]]:
+    """A ``Begin`` of ``orders.pay`` sent while this test holds the store's
+    writer lock: yielded once its last step is taken (its record is queued in
+    the same turn of the plane's loop, and waits for the lock); the lock is
+    released when the block ends."""
+    before = steps_taken(plant, "idempotency")
+    turns = os.open(f"{plant.db_path}.writer-lock", os.O_RDWR)
+    try:
+        fcntl.flock(turns, fcntl.LOCK_EX)  # the plane's commits wait for this
+        call = governor_pb2_grpc.GovernorStub(channel).Begin.future(
+            governor_pb2.BeginRequest(
+                invocation_id=invocation_id,
+                capability_id="orders.pay",
+                actor_token=actor,
+                input_json=json.dumps(pay_input()),
+                idempotency_key=key,
+            ),
+            metadata=SERVICE,
+        )
+        deadline = time.monotonic() + 10
+        while steps_taken(plant, "idempotency") == before:
+            assert time.monotonic() < deadline, "the Begin never reached its last step"
+            time.sleep(0.01)
+        yield call
+    finally:
+        os.close(turns)  # and with it the lock
+
+
+def wait_until_closing(plant: Plant, failure: str) -> None:
+    """Until a ``Begin`` of ``plant``'s ended before answering, and the plane
+    set about closing its grant (``Plane.closing``)."""
+    deadline = time.monotonic() + 20
+    while not plant.server.plane.closing:
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.01)
 
 
 def steps_taken(plant: Plant, step: str) -> float:
@@ -345,33 +386,15 @@ def test_a_grant_whose_caller_left_before_the_answer_is_closed_and_its_key_relea
     OUTCOME_UNKNOWN after it."""
     actor = pay_plant.token()
     invocation_id = str(uuid.uuid4())
-    before = steps_taken(pay_plant, "idempotency")
-    turns = os.open(f"{pay_plant.db_path}.writer-lock", os.O_RDWR)
-    try:
-        with grpc.insecure_channel(pay_plant.target) as channel:
-            fcntl.flock(turns, fcntl.LOCK_EX)  # the plane's commits wait for this
-            try:
-                call = governor_pb2_grpc.GovernorStub(channel).Begin.future(
-                    governor_pb2.BeginRequest(
-                        invocation_id=invocation_id,
-                        capability_id="orders.pay",
-                        actor_token=actor,
-                        input_json=json.dumps(pay_input()),
-                        idempotency_key="k-gone",
-                    ),
-                    metadata=SERVICE,
-                )
-                # Its last step taken, its record is queued in the same turn of
-                # the plane's loop, and waits for the lock.
-                deadline = time.monotonic() + 10
-                while steps_taken(pay_plant, "idempotency") == before:
-                    assert time.monotonic() < deadline, "the Begin never reached its last step"
-                    time.sleep(0.01)
-                assert call.cancel(), "the Begin answered while its commit could not happen"
-            finally:
-                fcntl.flock(turns, fcntl.LOCK_UN)
-    finally:
-        os.close(turns)
+    with (
+        grpc.insecure_channel(pay_plant.target) as channel,
+        begin_held_at_its_commit(pay_plant, channel, invocation_id, actor, "k-gone") as call,
+    ):
+        assert call.cancel(), "the Begin answered while its commit could not happen"
+        # Held until the plane has heard of it: a cancellation that reached it
+        # only after the commit answered would find the answer sent, and the
+        # plane cannot tell whether it arrived.
+        wait_until_closing(pay_plant, "the plane never heard of the cancellation")
     deadline = time.monotonic() + 10
     while not pay_plant.events(invocation_id=invocation_id, kind="outcome"):
         assert time.monotonic() < deadline, "the undelivered grant was left open"
@@ -402,39 +425,17 @@ def test_a_grant_cut_short_by_the_plane_stopping_is_closed_before_the_store_clos
     finally:
         service.close()
     invocation_id = str(uuid.uuid4())
-    before = steps_taken(plant, "idempotency")
-    turns = os.open(f"{plant.db_path}.writer-lock", os.O_RDWR)
     stopping = threading.Thread(target=plant.server.stop, kwargs={"grace": 0})
-    try:
-        with grpc.insecure_channel(plant.target) as channel:
-            fcntl.flock(turns, fcntl.LOCK_EX)
-            try:
-                call = governor_pb2_grpc.GovernorStub(channel).Begin.future(
-                    governor_pb2.BeginRequest(
-                        invocation_id=invocation_id,
-                        capability_id="orders.pay",
-                        actor_token=plant.token(),
-                        input_json=json.dumps(pay_input()),
-                        idempotency_key="k-stop",
-                    ),
-                    metadata=SERVICE,
-                )
-                deadline = time.monotonic() + 10
-                while steps_taken(plant, "idempotency") == before:
-                    assert time.monotonic() < deadline, "the Begin never reached its last step"
-                    time.sleep(0.01)
-                stopping.start()
-                while not plant.server.plane.closing:  # the stop cancelled the waiting call
-                    assert time.monotonic() < deadline + 10, "the stop did not cancel the call"
-                    time.sleep(0.01)
-            finally:
-                fcntl.flock(turns, fcntl.LOCK_UN)
-            stopping.join(30)
-            assert not stopping.is_alive(), "the plane did not stop"
-            with pytest.raises(grpc.RpcError):
-                call.result(timeout=5)
-    finally:
-        os.close(turns)
+    with grpc.insecure_channel(plant.target) as channel:
+        with begin_held_at_its_commit(
+            plant, channel, invocation_id, plant.token(), "k-stop"
+        ) as call:
+            stopping.start()
+            wait_until_closing(plant, "the stop did not cancel the call")
+        stopping.join(30)
+        assert not stopping.is_alive(), "the plane did not stop"
+        with pytest.raises(grpc.RpcError):
+            call.result(timeout=5)
     assert decision(plant, invocation_id)["status"] == "granted"
     outcomes = plant.events(invocation_id=invocation_id, kind="outcome")
     assert [(o["status"], o["code"], o["cause_message"]) for o in outcomes] == [
