@@ -101,14 +101,22 @@ _REFUSED: Final = frozenset(
 )
 """The plane answered that it will not take this report: trying again now changes nothing."""
 
-_SCHEMA: Final = (
-    "CREATE TABLE IF NOT EXISTS reports ("
+_REPORTS: Final = (
+    "CREATE TABLE {name} ("
     " invocation_id TEXT PRIMARY KEY, target TEXT NOT NULL, request BLOB NOT NULL,"
-    " trace TEXT NOT NULL, written_at REAL NOT NULL, owner TEXT NOT NULL, refusal TEXT)",
-    "CREATE INDEX IF NOT EXISTS reports_by_owner ON reports (owner)",
-    "CREATE TABLE IF NOT EXISTS owners ("
-    " owner TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, seen_at REAL NOT NULL)",
+    " trace TEXT NOT NULL, written_at REAL NOT NULL, owner TEXT NOT NULL, refusal TEXT)"
+    " WITHOUT ROWID"
 )
+"""The reports, each a row of the invocation id's own b-tree: writing one is
+one page of the log, not three (a rowid table, its key's index and an index
+by owner, which every query by owner scanned past anyway)."""
+_OWNERS: Final = (
+    "CREATE TABLE IF NOT EXISTS owners ("
+    " owner TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, seen_at REAL NOT NULL)"
+)
+_FORMAT: Final = 1
+"""``PRAGMA user_version`` of a file in the current format. 0: reports in a
+rowid table with an index by owner (SDK releases before it), moved over on open."""
 
 IdempotencyScope = tuple[str, str]
 """A capability id and an idempotency key."""
@@ -164,9 +172,36 @@ class _ReportFile:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA secure_delete=ON")  # taken reports leave no trace
-            for statement in _SCHEMA:
-                self._conn.execute(statement)
+            self._upgrade()
         self.heartbeat()  # before the first report: another process must not take it over
+
+    def _upgrade(self) -> None:
+        """Bring the file to ``_FORMAT``, keeping every report (one transaction;
+        openers take turns, so one process does it)."""
+        if self._conn.execute("PRAGMA user_version").fetchone()[0] >= _FORMAT:
+            return
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.execute(_OWNERS)
+            old = self._conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'reports'"
+            ).fetchone()
+            if old is None:
+                self._conn.execute(_REPORTS.format(name="reports"))
+            else:
+                self._conn.execute(_REPORTS.format(name="reports_new"))
+                self._conn.execute(
+                    "INSERT INTO reports_new (invocation_id, target, request, trace, written_at,"
+                    " owner, refusal) SELECT invocation_id, target, request, trace, written_at,"
+                    " owner, refusal FROM reports"
+                )
+                self._conn.execute("DROP TABLE reports")  # and its index by owner
+                self._conn.execute("ALTER TABLE reports_new RENAME TO reports")
+            self._conn.execute(f"PRAGMA user_version = {_FORMAT}")
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
 
     def put(self, report: _Report) -> None:
         with self._lock:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import sqlite3
 import threading
 from pathlib import Path
 
 import warden
-from warden._outbox import _ReportFile
+from warden._outbox import _Report, _ReportFile
 
 
 def test_processes_opening_one_outbox_take_turns(tmp_path: Path) -> None:
@@ -61,3 +62,83 @@ def test_a_send_started_while_the_outbox_closes_is_dropped_not_left_pending(
         assert not outbox._tasks
     finally:
         rt.close()
+
+
+EARLIER_FORMAT = (
+    "CREATE TABLE reports ("
+    " invocation_id TEXT PRIMARY KEY, target TEXT NOT NULL, request BLOB NOT NULL,"
+    " trace TEXT NOT NULL, written_at REAL NOT NULL, owner TEXT NOT NULL, refusal TEXT)",
+    "CREATE INDEX reports_by_owner ON reports (owner)",
+    "CREATE TABLE owners ("
+    " owner TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, seen_at REAL NOT NULL)",
+)
+"""An outbox as SDK releases before the current file format wrote it."""
+
+
+def test_an_outbox_written_in_the_earlier_format_keeps_its_reports(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        for statement in EARLIER_FORMAT:
+            conn.execute(statement)
+        conn.executemany(
+            "INSERT INTO reports VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    "inv-1",
+                    "127.0.0.1:50051",
+                    b"one",
+                    '[["traceparent", "00-a-b-01"]]',
+                    1.0,
+                    "gone/1/a",
+                    None,
+                ),
+                ("inv-2", "127.0.0.1:50051", b"two", "[]", 2.0, "gone/1/a", "NOT_FOUND"),
+                ("inv-3", "elsewhere:50051", b"three", "[]", 3.0, "gone/1/a", None),
+            ],
+        )
+    conn.close()
+
+    opened = _ReportFile(path, "127.0.0.1:50051")
+    try:
+        taken = sorted(opened.adopt(), key=lambda report: report.invocation_id)
+    finally:
+        opened.close()
+
+    assert taken == [
+        _Report("inv-1", b"one", (("traceparent", "00-a-b-01"),)),
+        _Report("inv-2", b"two", ()),
+    ]
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (1,)
+        (reports,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'reports'").fetchone()
+        assert reports.endswith("WITHOUT ROWID")
+        assert conn.execute(
+            "SELECT invocation_id, request, owner FROM reports ORDER BY invocation_id"
+        ).fetchall() == [
+            ("inv-1", b"one", opened.owner),
+            ("inv-2", b"two", opened.owner),
+            ("inv-3", b"three", "gone/1/a"),  # another plane's, left for it
+        ]
+        assert conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'").fetchall() == [
+            ("sqlite_autoindex_owners_1",)
+        ]
+    conn.close()
+
+
+def test_a_new_outbox_keeps_its_reports_in_one_b_tree(tmp_path: Path) -> None:
+    """A report is written before its caller gets the envelope: into the
+    invocation id's own b-tree, with no rowid table and no index beside it."""
+    path = tmp_path / "outbox.sqlite"
+    _ReportFile(path, "127.0.0.1:50051").close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (1,)
+        (reports,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'reports'").fetchone()
+        assert reports.endswith("WITHOUT ROWID")
+        assert (
+            conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'reports'"
+            ).fetchall()
+            == []
+        )
+    conn.close()
