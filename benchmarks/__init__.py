@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -38,6 +39,30 @@ RESULTS = Path(__file__).resolve().parent.parent / "var" / "bench"
 """Where each benchmark writes its figures as JSON."""
 
 
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: runs on different machines (a
+    shared one moves between hosts) compare only by their ratios."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            names = (line.split(":", 1)[1] for line in cpuinfo if line.startswith("model name"))
+            model = next(names, "").strip()
+    except OSError:  # not Linux
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model or platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
+
+
+def describe_machine() -> str:
+    """``machine()`` in one line, for the head of a run."""
+    m = machine()
+    return f"{m['cpus']} CPUs ({m['cpu_model']}), Python {m['python']}, kernel {m['kernel']}"
+
+
 def write_results(name: str, figures: dict[str, Any], *, ok: bool, quick: bool) -> Path:
     """Write a benchmark's figures to ``var/bench/<name>.json`` and return the path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -48,6 +73,7 @@ def write_results(name: str, figures: dict[str, Any], *, ok: bool, quick: bool) 
         "ok": ok,
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
+        "machine": machine(),
         "figures": figures,
     }
     path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")

@@ -25,6 +25,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from benchmarks import machine
 from benchmarks.peers import install, loadgen, report, targets
 from benchmarks.peers.cerbos import cerbos_pdp
 
@@ -121,6 +122,7 @@ def run(
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "quick": quick,
             "cpus": os.cpu_count(),
+            "machine": machine(),
             "server_processes": served,
             "rounds": rounds,
             "duration_s": duration,

@@ -4,7 +4,11 @@ unseen: a benchmark added to ``benchmarks/`` is picked up here by itself."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import pkgutil
+import platform
+from pathlib import Path
 
 import pytest
 
@@ -19,3 +23,19 @@ NAMES = sorted(
 def test_quick_run_succeeds(name: str) -> None:
     module = importlib.import_module(f"benchmarks.{name}")
     assert module.run(quick=True) is True
+
+
+def test_results_name_the_machine_they_were_measured_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared machine moves between hosts: figures of two runs compare only
+    by their ratios unless the JSON says what each ran on."""
+    monkeypatch.setattr(benchmarks, "RESULTS", tmp_path)
+    path = benchmarks.write_results("example", {"rps": 1.0}, ok=True, quick=True)
+    written = json.loads(path.read_text())["machine"]
+    assert written["cpus"] == os.cpu_count()
+    assert written["python"] == platform.python_version()
+    assert written["cpu_model"]
+    assert benchmarks.describe_machine().startswith(
+        f"{os.cpu_count()} CPUs ({written['cpu_model']})"
+    )
