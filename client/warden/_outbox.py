@@ -107,9 +107,9 @@ _REPORTS: Final = (
     " trace TEXT NOT NULL, written_at REAL NOT NULL, owner TEXT NOT NULL, refusal TEXT)"
     " WITHOUT ROWID"
 )
-"""The reports, each a row of the invocation id's own b-tree: writing one is
-one page of the log, not three (a rowid table, its key's index and an index
-by owner, which every query by owner scanned past anyway)."""
+"""The reports, each a row of the invocation id's own b-tree: writing one
+updates one b-tree, not three (a rowid table, its key's index and an index by
+owner, which the take-over's ``owner != ?`` scanned past anyway)."""
 _OWNERS: Final = (
     "CREATE TABLE IF NOT EXISTS owners ("
     " owner TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, seen_at REAL NOT NULL)"
