@@ -46,7 +46,7 @@ postgres-binaries: ## Install Debian's PostgreSQL server binaries for the tests,
 	@if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  if case "$${CI:-}" in true|TRUE|True|1|yes|YES|Yes) true;; *) false;; esac; then \
 	    SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends postgresql; \
+	    $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; \
 	  else \
 	    echo "no PostgreSQL server binaries: the PostgreSQL tests skip (apt-get install postgresql)"; \
 	  fi; \

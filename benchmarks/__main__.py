@@ -15,7 +15,6 @@ import sys
 import time
 
 import benchmarks
-from benchmarks import describe_machine
 
 PREFIX = "bench_"
 
@@ -48,7 +47,7 @@ def main() -> int:
     unknown = [n for n in chosen if n not in names]
     if unknown:
         parser.error(f"no benchmark named {', '.join(unknown)}; there are {', '.join(names)}")
-    print(f"machine: {describe_machine()}\n", flush=True)
+    print(f"machine: {benchmarks.describe_machine()}\n", flush=True)
     failed = []
     for name in chosen:
         print(f"== {name}{' (quick)' if args.quick else ''}", flush=True)

@@ -109,19 +109,14 @@ def test_an_outbox_written_in_the_earlier_format_keeps_its_reports(tmp_path: Pat
         _Report("inv-1", b"one", (("traceparent", "00-a-b-01"),)),
         _Report("inv-2", b"two", ()),
     ]
+    assert_in_the_current_format(path)
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (1,)
-        (reports,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'reports'").fetchone()
-        assert reports.endswith("WITHOUT ROWID")
         assert conn.execute(
             "SELECT invocation_id, request, owner FROM reports ORDER BY invocation_id"
         ).fetchall() == [
             ("inv-1", b"one", opened.owner),
             ("inv-2", b"two", opened.owner),
             ("inv-3", b"three", "gone/1/a"),  # another plane's, left for it
-        ]
-        assert conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'").fetchall() == [
-            ("sqlite_autoindex_owners_1",)
         ]
     conn.close()
 
@@ -131,14 +126,15 @@ def test_a_new_outbox_keeps_its_reports_in_one_b_tree(tmp_path: Path) -> None:
     invocation id's own b-tree, with no rowid table and no index beside it."""
     path = tmp_path / "outbox.sqlite"
     _ReportFile(path, "127.0.0.1:50051").close()
+    assert_in_the_current_format(path)
+
+
+def assert_in_the_current_format(path: Path) -> None:
+    """Reports in the invocation id's own b-tree, with no index beside it."""
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (1,)
         (reports,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'reports'").fetchone()
         assert reports.endswith("WITHOUT ROWID")
-        assert (
-            conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'reports'"
-            ).fetchall()
-            == []
-        )
+        indexes = "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'reports'"
+        assert conn.execute(indexes).fetchall() == []
     conn.close()
