@@ -96,6 +96,9 @@ class ServerLoop:
         self.loop.close()
 
 
+WAIT_TURN_S: Final = 0.25
+"""How long ``Server.wait`` blocks at a time: at most this long between a
+SIGTERM and its handler, whichever thread the kernel gave the signal to."""
 SLOW_STOP_S: Final = 5.0
 CLOSING_WAIT_S: Final = 5.0
 """How long a stop waits for grants being closed (``Plane.closing``)."""
@@ -205,8 +208,23 @@ class Server:
         self.loop.close()
 
     def wait(self) -> None:
-        if not self._stopped:
-            self.loop.run(self.grpc_server.wait_for_termination())
+        """Until the server has stopped, in turns of ``WAIT_TURN_S``.
+
+        Python runs a signal's handler on the main thread once that thread
+        runs again, and the kernel may hand SIGTERM to any thread of the
+        process: waiting in one go, a main thread blocked on the loop would
+        never run the handler, and the plane would serve on, deaf to it."""
+        if self._stopped:
+            return
+        ended = asyncio.run_coroutine_threadsafe(
+            self.grpc_server.wait_for_termination(), self.loop.loop
+        )
+        while True:
+            try:
+                ended.result(timeout=WAIT_TURN_S)
+            except futures.TimeoutError:
+                continue
+            return
 
     def __enter__(self) -> Server:
         return self

@@ -4,6 +4,7 @@ real processes for ``serve``."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import http.server
 import json
 import os
@@ -365,6 +366,27 @@ def test_serve_is_healthy_reflects_its_services_and_stops_cleanly_on_sigterm(
     assert f"warden serving on {target}" in stderr
     assert "received SIGTERM, stopping" in stderr
     assert (tmp_path / "cli" / "var" / "warden.db").exists()
+
+
+def test_serve_stops_on_a_sigterm_the_kernel_hands_to_another_of_its_threads(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    """The kernel may give a process's SIGTERM to any of its threads; Python
+    runs the handler on the main thread, which must not be blocked for good
+    meanwhile (a plane once served on, deaf to the SIGTERM of a test)."""
+    config_path = write_config(tmp_path / "cli")
+    target = f"127.0.0.1:{free_port()}"
+    process = start_serve(processes, config_path, target)
+    await_serving(process, target)
+    threads = sorted(int(t) for t in os.listdir(f"/proc/{process.pid}/task"))
+    other = threads[-1]
+    assert other != process.pid, "the plane runs more threads than its main one"
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.tgkill(process.pid, other, signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+
+    _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 0, stderr
+    assert "received SIGTERM, stopping" in stderr
 
 
 @pytest.mark.fixed_processes
