@@ -172,8 +172,12 @@ proto-baseline: $(NPM_STAMP) ## At a release: record proto/ as the contract buf-
 	$(BUF) build --exclude-source-info -o proto/baseline.binpb
 
 .PHONY: ts-test
+# Its build writes dist/ as the integration tests' build does
+# (tests/integration/typescript.py), which runs beside it in make test: both
+# take client/typescript/.build.lock, so one tsc writes at a time and the
+# second finds nothing left to emit.
 ts-test: $(NPM_STAMP) ## The TypeScript SDK: biome, then its tests, whose build is tsc (strict)
-	cd $(TS) && npm run --silent lint && npm test --silent
+	cd $(TS) && npm run --silent lint && flock .build.lock npm test --silent
 
 .PHONY: bench
 bench: $(STAMP) ## Run the benchmarks (BENCH="--quick sdk" to choose); figures in var/bench/

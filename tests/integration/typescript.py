@@ -1,5 +1,7 @@
 """The TypeScript SDK, built for tests: ``npm ci`` (when node_modules is absent)
-and ``tsc``, once per run, whatever number of test workers ask at once."""
+and ``tsc``, one build at a time under ``client/typescript/.build.lock``,
+whatever number of test workers ask at once; ``make ts-test``, which runs
+beside the suite in ``make test``, builds under the same lock."""
 
 from __future__ import annotations
 
