@@ -77,7 +77,10 @@ test: ## Lint, type-check, check generated code, run every test
 	@$(MAKE) --no-print-directory -j 4 --output-sync=line suite checks
 
 .PHONY: suite
-suite: $(STAMP) test-packages ## The test suite alone (make test runs it beside the checks)
+# node_modules is installed before the suite starts: the TypeScript tests
+# install it themselves only when run without make, never beside the checks
+# that use it.
+suite: $(STAMP) $(NPM_STAMP) test-packages ## The test suite alone (make test runs it beside the checks)
 	WARDEN_TEST_PROCESSES=1,2 $(PYTEST)
 
 # The Debian packages the suite needs, one apt-get after the other: apt lets
@@ -172,10 +175,9 @@ proto-baseline: $(NPM_STAMP) ## At a release: record proto/ as the contract buf-
 	$(BUF) build --exclude-source-info -o proto/baseline.binpb
 
 .PHONY: ts-test
-# Its build writes dist/ as the integration tests' build does
-# (tests/integration/typescript.py), which runs beside it in make test: both
-# take client/typescript/.build.lock, so one tsc writes at a time and the
-# second finds nothing left to emit.
+# Its build writes dist/ as the integration tests' build does, beside it in
+# make test: both take client/typescript/.build.lock, so one tsc writes at a
+# time and the second finds nothing left to emit.
 ts-test: $(NPM_STAMP) ## The TypeScript SDK: biome, then its tests, whose build is tsc (strict)
 	cd $(TS) && npm run --silent lint && flock .build.lock npm test --silent
 

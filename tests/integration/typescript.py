@@ -1,4 +1,4 @@
-"""The TypeScript SDK, built for tests: ``npm ci`` (when node_modules is absent)
+"""The TypeScript SDK, built for tests: ``npm ci`` (unless one has finished)
 and ``tsc``, one build at a time under ``client/typescript/.build.lock``,
 whatever number of test workers ask at once; ``make ts-test``, which runs
 beside the suite in ``make test``, builds under the same lock."""
@@ -13,6 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "client" / "typescript"
 DIST = PACKAGE / "dist" / "test"
+INSTALLED = PACKAGE / "node_modules" / ".installed-stamp"
+"""What ``make`` touches once ``npm ci`` has finished (Makefile, ``NPM_STAMP``):
+a ``node_modules`` an interrupted install left is not taken for finished."""
 
 
 def build() -> Path:
@@ -26,8 +29,9 @@ def build() -> Path:
         raise RuntimeError("the TypeScript SDK tests need Node.js 20 and npm on the PATH")
     with (PACKAGE / ".build.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (PACKAGE / "node_modules").is_dir():
+        if not INSTALLED.exists():
             _run([npm, "ci", "--no-audit", "--no-fund"])
+            INSTALLED.touch()
         _run([npm, "run", "--silent", "build"])
     return DIST
 
