@@ -64,7 +64,8 @@ def describe_machine() -> str:
 
 
 def write_results(name: str, figures: dict[str, Any], *, ok: bool, quick: bool) -> Path:
-    """Write a benchmark's figures to ``var/bench/<name>.json`` and return the path."""
+    """Write a benchmark's figures to ``var/bench/<name>.json``, say where, and
+    return the path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}{'.quick' if quick else ''}.json"
     document = {
@@ -77,7 +78,16 @@ def write_results(name: str, figures: dict[str, Any], *, ok: bool, quick: bool) 
         "figures": figures,
     }
     path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    print(f"  results: {_shown(path)}", flush=True)
     return path
+
+
+def _shown(path: Path) -> str:
+    """``path`` from the repository's root (where ``make bench`` runs), when it is inside."""
+    try:
+        return str(path.relative_to(RESULTS.parent.parent))
+    except ValueError:
+        return str(path)
 
 
 def verdict(ok: bool, quick: bool) -> str:

@@ -69,7 +69,7 @@ def run(quick: bool = False) -> bool:
         f"{verdict(steady, quick)}"
     )
     ok = quick or (cheaper and steady)
-    path = write_results(
+    write_results(
         "appends",
         {
             kind: [{"seconds_per_record": s, "store_bytes": b} for s, b in figures]
@@ -78,7 +78,6 @@ def run(quick: bool = False) -> bool:
         ok=ok,
         quick=quick,
     )
-    print(f"  results: {path}")
     return ok
 
 

@@ -76,7 +76,6 @@ def run(quick: bool = False) -> bool:
             figures |= {f"{name}_{key}": value for key, value in result.items()}
     finally:
         server.stop()
-    path = write_results("replicas", figures, ok=True, quick=quick)
     print(f"Begin, {IN_FLIGHT} in flight{' (quick)' if quick else ''}:")
     for name in ("sqlite_1", "postgresql_1", "postgresql_2"):
         print(
@@ -84,7 +83,7 @@ def run(quick: bool = False) -> bool:
             f"p50 {figures[f'{name}_begin_p50_ms']:6.2f} ms   "
             f"p99 {figures[f'{name}_begin_p99_ms']:6.2f} ms"
         )
-    print(f"figures in {path}")
+    write_results("replicas", figures, ok=True, quick=quick)
     return True
 
 

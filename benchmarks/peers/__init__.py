@@ -11,7 +11,8 @@ Three servers answer the same kind of call, driven by one C load generator
 Points are interleaved (round robin over targets, for several rounds) and each
 figure is the median over rounds, so a slow moment on a shared machine hurts
 every target alike. Everything the run needs beyond ``.venv`` is installed
-into ``var/bench/peers`` (``install.py``); results go to ``var/bench/peers.json``.
+into ``var/bench/peers`` (``install.py``); results go to ``var/bench/peers.json``
+(``peers.quick.json`` for a smoke run), as every benchmark's do.
 
 ``python -m benchmarks peers`` or ``python -m benchmarks.peers [--quick]``.
 """
@@ -20,16 +21,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from benchmarks import machine
+from benchmarks import write_results
 from benchmarks.peers import install, loadgen, report, targets
 from benchmarks.peers.cerbos import cerbos_pdp
 
-RESULTS = install.ROOT / "var" / "bench" / "peers.json"
 INFLIGHTS = [8, 32, 64]
 ROUNDS = 3
 DURATION = 5.0
@@ -116,13 +115,9 @@ def run(
     if not clean:
         print("  some calls failed (see errors above): the figures are not valid")
     ok = clean and all(goal.ok for goal in goals)
-    report.write_json(
-        RESULTS,
+    write_results(
+        "peers",
         {
-            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "quick": quick,
-            "cpus": os.cpu_count(),
-            "machine": machine(),
             "server_processes": served,
             "rounds": rounds,
             "duration_s": duration,
@@ -133,10 +128,10 @@ def run(
             ],
             "ratios": {str(k): r for k, r in found.items()},
             "goals": [goal.__dict__ for goal in goals],
-            "ok": ok,
         },
+        ok=ok,
+        quick=quick,
     )
-    print(f"  results: {RESULTS.relative_to(install.ROOT)}")
     print(f"  {'ok' if ok else 'MISSED'}")
     return ok
 

@@ -12,10 +12,8 @@ A miss is printed and fails the run; it is never left out.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 JUDGED_AT = 32
@@ -127,11 +125,6 @@ def print_goals(goals: list[Goal]) -> None:
     print(f"  targets at {JUDGED_AT} in flight:")
     for goal in goals:
         print(f"    {goal.name:<28} {goal.shown:<30} {'ok' if goal.ok else 'MISSED'}")
-
-
-def write_json(path: Path, document: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
 
 
 def _ratio(a: float, b: float) -> float:

@@ -20,9 +20,15 @@ NAMES = sorted(
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_quick_run_succeeds(name: str) -> None:
+def test_quick_run_succeeds(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     module = importlib.import_module(f"benchmarks.{name}")
     assert module.run(quick=True) is True
+    # It says where its figures went, and they are there, in a smoke run's own
+    # file: a smoke run in make test never overwrites a full run's figures.
+    short = name.removeprefix("bench_")
+    assert f"results: var/bench/{short}.quick.json\n" in capsys.readouterr().out
+    written = json.loads((benchmarks.RESULTS / f"{short}.quick.json").read_text())
+    assert (written["benchmark"], written["quick"]) == (short, True)
 
 
 def test_results_name_the_machine_they_were_measured_on(
