@@ -29,6 +29,7 @@ from warden.shared.wire import PROCESS_METADATA, SERVICE_TOKEN_METADATA
 from warden.v1 import governor_pb2, governor_pb2_grpc, policy_pb2, policy_pb2_grpc
 from warden_server import processes
 from warden_server.app import SERVICE_NAMES, ServerLoop, _grpc_server, launch, serve
+from warden_server.config import config_from_dict
 from warden_server.plane import Plane
 from warden_server.policy.loader import PolicyLoadError
 
@@ -323,6 +324,68 @@ def test_si4_processes_extend_one_chain_without_forks(
     assert len(outcomes) == total
     result = verify(plant.server.plane.store)
     assert result.ok, result.problem
+
+
+def test_a_plane_of_two_processes_prunes_on_schedule_once_while_both_serve(
+    tmp_path: Path, orders_example: Any
+) -> None:
+    """Retention runs in the process that started the plane, however many
+    joined it: the old records go under one signed checkpoint, later turns of
+    the schedule find nothing more, and the chain verifies past the checkpoint
+    with the records every process appended since."""
+    from tests.integration import auditlog
+    from tests.integration.test_audit_cli import ed25519_pem
+    from warden_server.audit.reader import verify
+
+    auditlog.seeded_store(tmp_path / "warden.db")  # months old by the time the plane starts
+    base = make_config(tmp_path, processes=2).model_dump(mode="json", exclude={"base_dir"})
+    base["audit"] = {
+        "retention": "1d",
+        "prune_interval": "1s",
+        "checkpoint_key_file": str(ed25519_pem(tmp_path / "checkpoint.pem")),
+    }
+    server = launch(config_from_dict(base, base_dir=tmp_path))
+    plant = Plant(server, tmp_path)
+    runtimes: list[Any] = []
+
+    def get(number: int) -> str:
+        # One agent per runtime: the example policies limit each agent's calls.
+        rt, agent = runtimes[number], plant.token(f"bot-{number}")
+        return str(rt.invoke("orders.get", {"order_id": "A1"}, actor=agent).status)
+
+    begins = "warden.v1.Governor/Begin"
+    try:
+        # Runtimes until the process that prunes and one that joined have both
+        # answered calls (the first process counts only the calls it serves).
+        served_by = set()
+        while served_by != {"first", "other"}:
+            assert len(runtimes) < 40, "the kernel never spread the connections"
+            runtimes.append(orders_example.build_runtime(plant.target, ORDERS_TOKEN))
+            runtimes[-1].register()
+            before = plant.rpc_calls(begins)
+            assert get(len(runtimes) - 1) == "succeeded"
+            served_by.add("first" if plant.rpc_calls(begins) > before else "other")
+        # Calls from every runtime across three turns of the schedule.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert {get(number) for number in range(len(runtimes))} == {"succeeded"}
+        for rt in runtimes:
+            rt.close()
+        runtimes.clear()
+        rows = plant.rows()
+        store = server.plane.store
+        checkpoint = store.audit_checkpoint()
+        assert checkpoint is not None and checkpoint.seq == len(auditlog.LOG)
+        assert rows[0]["seq"] == len(auditlog.LOG) + 1, "the old records are gone, no others"
+        pruned = [r for r in rows if r["kind"] == "retention"]
+        assert [r["status"] for r in pruned] == ["pruned"], "pruned once, by one process"
+        assert sum(r["kind"] == "outcome" for r in rows) >= len(served_by)
+        result = verify(store, server.plane.checkpoints)
+        assert result.ok, result.problem
+    finally:
+        for rt in runtimes:
+            rt.close()
+        server.stop(grace=0)
 
 
 def answering_process(target: str) -> str:
