@@ -135,3 +135,52 @@ def test_a_token_without_expiry_is_refused(tmp_path: Path) -> None:
     del body["exp"]
     with pytest.raises(AuthenticationError, match="exp"):
         verifier.verify(jwt.encode(body, "s" * 40, algorithm="HS256"))
+
+
+# -- verified tokens remembered ------------------------------------------------------
+
+
+def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The tokens whose signature is checked from here on."""
+    checked: list[str] = []
+    decode = jwt.decode
+
+    def counted(token: str, *args: Any, **kwargs: Any) -> Any:
+        checked.append(token)
+        return decode(token, *args, **kwargs)
+
+    monkeypatch.setattr("warden_server.auth.actors.jwt.decode", counted)
+    return checked
+
+
+def test_a_verified_token_is_remembered_until_it_expires_and_refused_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent sends the same token with every call: its signature is checked
+    once, and the verification is trusted exactly as long as checking again
+    would accept the token, not a moment past its ``exp``."""
+    verifier = verifier_for(tmp_path, hs256_secret="s" * 40, leeway_seconds=0)
+    checked = counting_decodes(monkeypatch)
+    expires = int(time.time()) + 2
+    token = jwt.encode(claims(exp=expires), "s" * 40, algorithm="HS256")
+    assert [verifier.verify(token).id for _ in range(3)] == ["alice"] * 3
+    assert checked == [token]
+    while time.time() <= expires:
+        time.sleep(0.05)
+    with pytest.raises(AuthenticationError, match="expired"):
+        verifier.verify(token)
+    assert checked == [token, token], "an expired token was taken from memory"
+
+
+def test_verified_tokens_are_remembered_within_a_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ActorVerifier, "CACHE_SIZE", 4)
+    verifier = verifier_for(tmp_path, hs256_secret="s" * 40)
+    tokens = [jwt.encode(claims(sub=f"agent-{n}"), "s" * 40, algorithm="HS256") for n in range(10)]
+    assert [verifier.verify(t).id for t in tokens] == [f"agent-{n}" for n in range(10)]
+    assert len(verifier._verified) <= 4
+    # The newest are still remembered; the oldest are verified again, and pass.
+    checked = counting_decodes(monkeypatch)
+    assert verifier.verify(tokens[-1]).id == "agent-9" and checked == []
+    assert verifier.verify(tokens[0]).id == "agent-0" and checked == [tokens[0]]
