@@ -16,7 +16,8 @@ from typing import Annotated, Any
 
 import grpc
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel, Field
@@ -172,6 +173,37 @@ def test_without_a_caller_trace_decision_and_outcome_share_one(
     ]
     assert all(len(t) == 1 and None not in t for t in traces)
     assert traces[0] != traces[1]
+
+
+class StartedSpans(SpanProcessor):
+    """The name of every span started under the provider it is added to."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self.names.append(span.name)
+
+
+def test_no_span_is_made_while_traces_go_nowhere(lab_plant: Plant, lab_rt: warden.Runtime) -> None:
+    """With ``[telemetry] traces`` off (the default) a request costs no span:
+    not its call's, its stages', nor its report's. The records still carry
+    the caller's trace."""
+    telemetry = lab_plant.server.plane.telemetry
+    assert not telemetry.tracing
+    started = StartedSpans()
+    telemetry.tracer_provider.add_span_processor(started)
+    caller = TracerProvider()
+    with caller.get_tracer("agent").start_as_current_span("agent-step") as step:
+        granted = lab_rt.invoke("orders.echo", {"n": 3}, actor=lab_plant.token())
+        denied = lab_rt.invoke("orders.echo", {"n": 500}, actor=lab_plant.token())
+    assert granted.status == "succeeded"
+    assert denied.error is not None and denied.error.code == "POLICY_DENIED"
+    assert lab_rt.flush(timeout_ms=10_000) == 0
+    trace_id = format(step.get_span_context().trace_id, "032x")
+    records = lab_plant.events(trace_id=trace_id)
+    assert sorted(r["kind"] for r in records) == ["decision", "decision", "outcome"]
+    assert started.names == []
 
 
 def test_approval_records_carry_the_trace_they_were_written_in(
