@@ -357,7 +357,7 @@ def test_a_plane_of_two_processes_prunes_on_schedule_once_while_both_serve(
     try:
         # Runtimes until the process that prunes and one that joined have both
         # answered calls (the first process counts only the calls it serves).
-        served_by = set()
+        served_by: set[str] = set()
         while served_by != {"first", "other"}:
             assert len(runtimes) < 40, "the kernel never spread the connections"
             runtimes.append(orders_example.build_runtime(plant.target, ORDERS_TOKEN))
