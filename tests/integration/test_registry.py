@@ -16,6 +16,7 @@ from pydantic import BaseModel
 import warden
 from tests.conftest import BILLING_TOKEN, ORDERS_TOKEN, Plant
 from warden.v1 import governor_pb2, governor_pb2_grpc, registry_pb2, registry_pb2_grpc
+from warden_server import registry
 from warden_server.audit.chain import verify_rows
 
 ORDERS = (("x-warden-service-token", ORDERS_TOKEN),)
@@ -214,6 +215,40 @@ def test_both_versions_stay_resolvable_and_begin_uses_the_latest(
         for r in lab_plant.events(kind="decision", capability_id="orders.note")
     ]
     assert versions == ["2", "2", "1"]
+
+
+@pytest.mark.single_process
+def test_each_versions_input_schema_is_compiled_once_however_many_calls_it_checks(
+    lab_plant: Plant, runtimes: Any, stubs: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No per-request work that can be done once: a version's validator is
+    built on its first call and serves every later one."""
+    compiled: list[str] = []
+    compile_validator = registry.compile_validator
+
+    def counted(schema: dict[str, Any]) -> Any:
+        compiled.append(json.dumps(schema, sort_keys=True))
+        return compile_validator(schema)
+
+    monkeypatch.setattr(registry, "compile_validator", counted)
+    runtimes(NoteV1).register()
+    runtimes(NoteV2).register()
+    checked_at_registration = len(compiled)
+    for n in range(5):
+        latest = begin(
+            stubs, lab_plant, capability_id="orders.note", input_json=f'{{"n": {n}, "reason": "x"}}'
+        )
+        assert latest.grant.capability_version == "2"
+        pinned = begin(
+            stubs,
+            lab_plant,
+            capability_id="orders.note",
+            capability_version="1",
+            input_json=f'{{"n": {n}}}',
+        )
+        assert pinned.grant.capability_version == "1"
+    validating = compiled[checked_at_registration:]
+    assert len(validating) <= 2 and len(set(validating)) == len(validating), validating
 
 
 def test_registration_writes_a_registry_audit_record(lab_plant: Plant, runtimes: Any) -> None:
