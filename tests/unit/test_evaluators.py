@@ -3,9 +3,11 @@ set on which they do not is served by the reference."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,13 +59,22 @@ def test_a_case_the_evaluators_decide_differently_fails_the_policy_tests(tmp_pat
     assert case.disagreement.fast["effect"] == "allow"
 
 
-def test_a_set_they_disagree_on_is_served_by_the_reference(tmp_path: Path) -> None:
+def test_a_set_they_disagree_on_is_served_by_the_reference(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     folder = write_set(tmp_path / "policies")
     policies = load_policies(folder, evaluator=CelCppEvaluator())
     reason = fallback_reason(policies, folder)
     assert reason is not None and "disagree" in reason
-    served, failing = serving(policies, folder)
+    with caplog.at_level(logging.WARNING, logger="warden_server.policy.serving"):
+        served, failing = serving(policies, folder)
     assert served.evaluator.name == "cel-python" and failing == []
+    # The operator is told, with the reason.
+    (told,) = [r.getMessage() for r in caplog.records if "cel-python" in r.getMessage()]
+    assert told == (
+        f"policy revision {policies.revision[:12]} is evaluated by cel-python, "
+        f"not cel-cpp: {reason}"
+    )
 
 
 def test_a_set_that_falls_back_is_gated_on_the_references_decisions(tmp_path: Path) -> None:
