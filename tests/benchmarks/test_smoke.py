@@ -8,11 +8,15 @@ import json
 import os
 import pkgutil
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import benchmarks
+
+ROOT = Path(benchmarks.__file__).resolve().parents[1]
 
 NAMES = sorted(
     m.name for m in pkgutil.iter_modules(benchmarks.__path__) if m.name.startswith("bench_")
@@ -44,4 +48,37 @@ def test_results_name_the_machine_they_were_measured_on(
     assert written["cpu_model"]
     assert benchmarks.describe_machine().startswith(
         f"{os.cpu_count()} CPUs ({written['cpu_model']})"
+    )
+
+
+def run_benchmarks(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks ARGS``, as ``make bench`` runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_runner_make_bench_calls_runs_the_benchmarks_it_is_given() -> None:
+    """``make bench`` is this runner: the machine first, then each benchmark
+    between its markers, and where its figures went."""
+    done = run_benchmarks("--quick", "policy")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"machine: {benchmarks.describe_machine()}"
+    assert lines[2] == "== policy (quick)"
+    assert "  results: var/bench/policy.quick.json" in lines
+    assert lines[-2].startswith("== policy: ") and lines[-2].endswith("s")
+
+
+def test_the_runner_refuses_a_benchmark_that_does_not_exist() -> None:
+    done = run_benchmarks("--quick", "nonesuch")
+    assert done.returncode == 2
+    there_are = ", ".join(name.removeprefix("bench_") for name in NAMES)
+    assert done.stderr.splitlines()[-1] == (
+        f"python -m benchmarks: error: no benchmark named nonesuch; there are {there_are}"
     )
