@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,14 @@ from tests.conftest import (
     make_config,
 )
 from warden.shared.wire import PROCESS_METADATA, SERVICE_TOKEN_METADATA
-from warden.v1 import governor_pb2, governor_pb2_grpc, policy_pb2, policy_pb2_grpc
+from warden.v1 import (
+    approvals_pb2,
+    approvals_pb2_grpc,
+    governor_pb2,
+    governor_pb2_grpc,
+    policy_pb2,
+    policy_pb2_grpc,
+)
 from warden_server import processes
 from warden_server.app import SERVICE_NAMES, ServerLoop, _grpc_server, launch, serve
 from warden_server.config import config_from_dict
@@ -388,20 +396,30 @@ def test_a_plane_of_two_processes_prunes_on_schedule_once_while_both_serve(
         server.stop(grace=0)
 
 
-def answering_process(target: str) -> str:
-    """The process a fresh connection reached, as its Governor answers name it."""
-    with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
-        stub = governor_pb2_grpc.GovernorStub(channel)
-        named = set()
-        for _ in range(3):
-            _, call = stub.CompleteMany.with_call(
-                governor_pb2.CompleteManyRequest(),
-                metadata=((SERVICE_TOKEN_METADATA, ORDERS_TOKEN),),
-                timeout=5,
-            )
-            named |= {value for key, value in call.trailing_metadata() if key == PROCESS_METADATA}
+def fresh_channel(target: str) -> grpc.Channel:
+    """A channel with a connection of its own (not shared with other channels)."""
+    return grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def process_of(channel: grpc.Channel) -> str:
+    """The process the channel's connection reached, as its Governor answers name it."""
+    stub = governor_pb2_grpc.GovernorStub(channel)
+    named = set()
+    for _ in range(3):
+        _, call = stub.CompleteMany.with_call(
+            governor_pb2.CompleteManyRequest(),
+            metadata=((SERVICE_TOKEN_METADATA, ORDERS_TOKEN),),
+            timeout=5,
+        )
+        named |= {value for key, value in call.trailing_metadata() if key == PROCESS_METADATA}
     assert len(named) == 1, f"one connection was answered as {named}"
     return named.pop()
+
+
+def answering_process(target: str) -> str:
+    """The process a fresh connection reached."""
+    with fresh_channel(target) as channel:
+        return process_of(channel)
 
 
 def processes_answering(target: str, expected: int) -> set[str]:
@@ -436,6 +454,67 @@ def test_each_process_names_itself_in_governor_answers(
     finally:
         rt.close()
     assert learned and learned <= seen, f"the runtime's connections learned {learned}"
+
+
+def test_a_watcher_on_one_process_hears_approvals_decided_on_another(
+    start_plane: Callable[..., Plant], orders_example: Any
+) -> None:
+    """Approvals' watch streams with several processes: a watcher hears every
+    process's transitions, not only those of the process it is connected to."""
+    plant = start_plane(processes=2)
+    rt = orders_example.build_runtime(plant.target, ORDERS_TOKEN)
+    channels: list[grpc.Channel] = []
+    try:
+        rt.register()
+        watching = fresh_channel(plant.target)
+        channels.append(watching)
+        first = process_of(watching)
+        for _ in range(40):
+            channels.append(deciding := fresh_channel(plant.target))
+            if process_of(deciding) != first:
+                break
+        else:
+            pytest.fail("the kernel never spread the connections")
+        governor = governor_pb2_grpc.GovernorStub(deciding)
+        approvals = approvals_pb2_grpc.ApprovalsStub(deciding)
+        manager = (("authorization", f"Bearer {plant.token('mia', roles=('manager',))}"),)
+
+        def suspended() -> str:
+            answer = governor.Begin(
+                governor_pb2.BeginRequest(
+                    invocation_id=str(uuid.uuid4()),
+                    capability_id="orders.refund",
+                    actor_token=plant.token("bot-7"),
+                    input_json='{"order_id": "A1", "amount": 730}',
+                ),
+                metadata=((SERVICE_TOKEN_METADATA, ORDERS_TOKEN),),
+                timeout=10,
+            )
+            assert answer.WhichOneof("outcome") == "suspension", answer
+            return answer.suspension.approval_id
+
+        waiting = suspended()
+        # Subscribed once the pending approval has come: what happens next is heard.
+        events = approvals_pb2_grpc.ApprovalsStub(watching).Watch(
+            approvals_pb2.WatchApprovalsRequest(include_pending=True), metadata=manager, timeout=30
+        )
+        heard = [next(events)]
+        approvals.Approve(approvals_pb2.ApproveRequest(id=waiting), metadata=manager, timeout=10)
+        heard.append(next(events))
+        requested = suspended()
+        heard.append(next(events))
+        events.cancel()
+        kinds = approvals_pb2.ApprovalEventType
+        assert [(kinds.Name(e.type), e.approval.id) for e in heard] == [
+            ("APPROVAL_EVENT_TYPE_PENDING", waiting),
+            ("APPROVAL_EVENT_TYPE_APPROVED", waiting),
+            ("APPROVAL_EVENT_TYPE_REQUESTED", requested),
+        ]
+        assert heard[1].approval.decided_by == "mia"
+    finally:
+        for channel in channels:
+            channel.close()
+        rt.close()
 
 
 @pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "sentinel"])
