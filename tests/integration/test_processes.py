@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -9,7 +10,8 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,22 +48,57 @@ pytestmark = pytest.mark.fixed_processes  # every test here says how many proces
 REVISION_WAIT_S = 10.0
 
 
-def revisions_seen(plant: Plant, connections: int = 12) -> set[str]:
-    """The policy revision each of several fresh connections is served with:
-    the kernel spreads connections over the processes."""
-    seen = set()
-    for _ in range(connections):
-        with grpc.insecure_channel(
-            plant.target, options=[("grpc.use_local_subchannel_pool", 1)]
-        ) as channel:
-            status = policy_pb2_grpc.PoliciesStub(channel).GetStatus(
-                policy_pb2.PolicyStatusRequest(
-                    actor_token=plant.token("pat", roles=("policy-author",))
-                ),
-                timeout=5,
-            )
-            seen.add(status.current.revision)
-    return seen
+def fresh_channel(target: str) -> grpc.Channel:
+    """A channel with a connection of its own (not shared with other channels)."""
+    return grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def process_of(channel: grpc.Channel) -> str:
+    """The process the channel's connection reached, as its Governor answers name it."""
+    stub = governor_pb2_grpc.GovernorStub(channel)
+    named = set()
+    for _ in range(3):
+        _, call = stub.CompleteMany.with_call(
+            governor_pb2.CompleteManyRequest(),
+            metadata=((SERVICE_TOKEN_METADATA, ORDERS_TOKEN),),
+            timeout=5,
+        )
+        named |= {value for key, value in call.trailing_metadata() if key == PROCESS_METADATA}
+    assert len(named) == 1, f"one connection was answered as {named}"
+    return named.pop()
+
+
+@contextmanager
+def channel_to_each_process(target: str, processes: int) -> Iterator[dict[str, grpc.Channel]]:
+    """A channel to each of the plane's processes, by the process's id: fresh
+    connections until the kernel has put one on each."""
+    found: dict[str, grpc.Channel] = {}
+    try:
+        for _ in range(40):
+            channel = fresh_channel(target)
+            process = process_of(channel)
+            if process in found:
+                channel.close()
+                continue
+            found[process] = channel
+            if len(found) == processes:
+                yield found
+                return
+        pytest.fail(f"the kernel spread 40 connections over {len(found)} processes")
+    finally:
+        for channel in found.values():
+            channel.close()
+
+
+def revisions(plant: Plant, channels: dict[str, grpc.Channel]) -> set[str]:
+    """The policy revisions the processes serve, each asked on its own connection."""
+    token = plant.token("pat", roles=("policy-author",))
+    return {
+        policy_pb2_grpc.PoliciesStub(channel)
+        .GetStatus(policy_pb2.PolicyStatusRequest(actor_token=token), timeout=5)
+        .current.revision
+        for channel in channels.values()
+    }
 
 
 def test_every_process_hot_reloads_the_folder(
@@ -70,16 +107,17 @@ def test_every_process_hot_reloads_the_folder(
     folder = copy_policies(tmp_path / "policies")
     plant = start_plane(folder, processes=2, policy_debounce_ms=50)
     assert plant.server.joined is not None and len(plant.server.joined.pids) == 1
-    before = revisions_seen(plant)
-    assert len(before) == 1
-    rules = folder / "orders.yaml"
-    rules.write_text(rules.read_text() + "\n# an edit\n")
-    deadline = time.monotonic() + REVISION_WAIT_S
-    while (seen := revisions_seen(plant)) != {plant.server.plane.policies.current().revision} or (
-        seen == before
-    ):
-        assert time.monotonic() < deadline, f"processes still serve {seen}"
-        time.sleep(0.1)
+    with channel_to_each_process(plant.target, 2) as channels:
+        before = revisions(plant, channels)
+        assert len(before) == 1
+        rules = folder / "orders.yaml"
+        rules.write_text(rules.read_text() + "\n# an edit\n")
+        deadline = time.monotonic() + REVISION_WAIT_S
+        while (seen := revisions(plant, channels)) != {
+            plant.server.plane.policies.current().revision
+        } or (seen == before):
+            assert time.monotonic() < deadline, f"processes still serve {seen}"
+            time.sleep(0.1)
     loads = plant.events(kind="policy", status="loaded")
     assert [e["policy_revision"] for e in loads].count(seen.pop()) == 1, (
         "a revision is announced once, whichever process saw it first"
@@ -396,26 +434,6 @@ def test_a_plane_of_two_processes_prunes_on_schedule_once_while_both_serve(
         server.stop(grace=0)
 
 
-def fresh_channel(target: str) -> grpc.Channel:
-    """A channel with a connection of its own (not shared with other channels)."""
-    return grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-
-
-def process_of(channel: grpc.Channel) -> str:
-    """The process the channel's connection reached, as its Governor answers name it."""
-    stub = governor_pb2_grpc.GovernorStub(channel)
-    named = set()
-    for _ in range(3):
-        _, call = stub.CompleteMany.with_call(
-            governor_pb2.CompleteManyRequest(),
-            metadata=((SERVICE_TOKEN_METADATA, ORDERS_TOKEN),),
-            timeout=5,
-        )
-        named |= {value for key, value in call.trailing_metadata() if key == PROCESS_METADATA}
-    assert len(named) == 1, f"one connection was answered as {named}"
-    return named.pop()
-
-
 def answering_process(target: str) -> str:
     """The process a fresh connection reached."""
     with fresh_channel(target) as channel:
@@ -463,18 +481,9 @@ def test_a_watcher_on_one_process_hears_approvals_decided_on_another(
     process's transitions, not only those of the process it is connected to."""
     plant = start_plane(processes=2)
     rt = orders_example.build_runtime(plant.target, ORDERS_TOKEN)
-    channels: list[grpc.Channel] = []
-    try:
+    with channel_to_each_process(plant.target, 2) as channels, contextlib.closing(rt):
         rt.register()
-        watching = fresh_channel(plant.target)
-        channels.append(watching)
-        first = process_of(watching)
-        for _ in range(40):
-            channels.append(deciding := fresh_channel(plant.target))
-            if process_of(deciding) != first:
-                break
-        else:
-            pytest.fail("the kernel never spread the connections")
+        watching, deciding = channels.values()
         governor = governor_pb2_grpc.GovernorStub(deciding)
         approvals = approvals_pb2_grpc.ApprovalsStub(deciding)
         manager = (("authorization", f"Bearer {plant.token('mia', roles=('manager',))}"),)
@@ -511,10 +520,6 @@ def test_a_watcher_on_one_process_hears_approvals_decided_on_another(
             ("APPROVAL_EVENT_TYPE_REQUESTED", requested),
         ]
         assert heard[1].approval.decided_by == "mia"
-    finally:
-        for channel in channels:
-            channel.close()
-        rt.close()
 
 
 @pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "sentinel"])
