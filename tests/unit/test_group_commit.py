@@ -18,7 +18,7 @@ from warden_server.audit.reader import verify
 from warden_server.records.events import AuditEvent
 from warden_server.records.query import RecordFilter
 from warden_server.store import SQLiteStore, StoreError, WriteTransaction
-from warden_server.store.writer import Job
+from warden_server.store.writer import Job, LoopCommits
 
 WAITING = 10
 
@@ -228,6 +228,47 @@ def test_work_from_the_loop_commits_on_it_in_one_batch_once_the_loop_caught_up(
         assert set(threads) == {loop_thread}
         # A blocking caller elsewhere is served by the same loop.
         assert store.transact(append("from a thread")) == seqs[0] + WAITING
+
+
+def test_a_record_waits_for_company_only_when_the_last_batch_had_some(tmp_path: Path) -> None:
+    """A batch of one request's record says the loop's requests come one at a
+    time: the next record commits on the loop's next turn instead of after
+    the idle turns (at one call in flight, 50-60 µs of every ``Begin``). A
+    batch that had company brings the wait back for the next."""
+    store = SQLiteStore(tmp_path / "audit.db")
+    with committing_on_a_loop(store) as (loop, _):
+        turns = [0]
+        ticking = [True]
+
+        def tick() -> None:  # counts the loop's turns
+            turns[0] += 1
+            if ticking[0]:
+                loop.call_soon(tick)
+
+        loop.call_soon_threadsafe(tick)
+
+        def turns_to_commit(records: int) -> int:
+            """Queue ``records`` records at once; the turns until the first committed."""
+
+            async def queue() -> int:
+                queued, committed = turns[0], []
+
+                def work(tx: WriteTransaction) -> int:
+                    committed.append(turns[0])
+                    return tx.append_audit(AuditEvent(kind="policy", status="alone"))
+
+                await asyncio.gather(*(store.atransact(work) for _ in range(records)))
+                return committed[0] - queued
+
+            return asyncio.run_coroutine_threadsafe(queue(), loop).result(5)
+
+        turns_to_commit(2)  # a batch with company: the next record waits
+        assert turns_to_commit(1) > LoopCommits.IDLE_TURNS  # and has none
+        assert turns_to_commit(1) <= 3
+        assert turns_to_commit(1) <= 3
+        turns_to_commit(2)
+        assert turns_to_commit(1) > LoopCommits.IDLE_TURNS
+        ticking[0] = False
 
 
 @contextlib.contextmanager
