@@ -14,8 +14,8 @@ its own process.
    errors. Targets: p99 under ``LOAD_P99_TARGET_S`` and no errors; afterwards
    ``warden audit verify --config FILE`` must find the hash chain intact.
 
-Quick mode: one round of 30 sequential calls, then 20 concurrent callers for 2 s; no figure
-is judged, but the chain must still verify.
+Quick mode: one round of 30 sequential calls, then 20 concurrent callers for
+2 s; no figure is judged, but the chain must still verify.
 """
 
 from __future__ import annotations
