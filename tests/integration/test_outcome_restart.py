@@ -139,8 +139,10 @@ def test_an_idempotent_call_whose_report_outlived_a_restart_answers_its_outcome(
     shipped: list[int] = []
 
     def runtime() -> warden.Runtime:
+        # Closing with the plane away waits this long for it in vain; shorter
+        # than 2 s, a Register or Begin on a busy two-core machine can miss it.
         rt = warden.Runtime(
-            listen, service="orders", token=ORDERS_TOKEN, outbox=outbox, governance_timeout_ms=500
+            listen, service="orders", token=ORDERS_TOKEN, outbox=outbox, governance_timeout_ms=2_000
         )
 
         @rt.capability("orders.ship", input=EchoIn, output=EchoOut, side_effect="write")
