@@ -20,7 +20,7 @@ $(NPM_STAMP): $(TS)/package-lock.json
 # Both distributions, editable: the SDK (client/, `warden`) and the plane with
 # the development tools (`warden-server[dev]`, which depends on the SDK).
 # uv installs them, downloading in parallel: the whole step takes about 16 s
-# on a fresh clone with no download cache, against 30 s with pip, and every
+# on a fresh clone with no download cache, against 27 s with pip, and every
 # `make test` and `make run` on a new machine waits for it. pip installs uv
 # itself, pinned, so that its options hold. Like pip, it compiles the
 # bytecode as it installs (else every process of the suite compiles its
