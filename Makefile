@@ -25,7 +25,8 @@ $(NPM_STAMP): $(TS)/package-lock.json
 # itself, pinned, so that its options hold. Like pip, it compiles the
 # bytecode as it installs (else every process of the suite compiles its
 # imports where bytecode is not written), and it trusts the system's
-# certificate store rather than a bundle of its own.
+# certificate store rather than a bundle of its own. It also brings .venv's
+# pip up to date, as before: the SDK-alone install test runs that pip.
 UV := $(BIN)/uv pip install --quiet --system-certs --compile-bytecode --python $(PY)
 $(STAMP): pyproject.toml client/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
