@@ -1,4 +1,4 @@
-"""The console in a real browser: Debian's Chromium, headless, driven by
+"""The console in a real browser: Debian's Chromium headless shell, driven by
 Playwright, against a real plane and a real console on ephemeral ports.
 
 Every page a test opens is watched: a request to any origin other than the
@@ -25,7 +25,7 @@ from tests.conftest import BILLING_TOKEN, Plant
 from tests.console.billing import build_billing, write_policies
 from warden_server.console import RunningConsole, console_of, start
 
-CHROMIUM = os.environ.get("WARDEN_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = os.environ.get("WARDEN_CHROMIUM", "/usr/bin/chromium-headless-shell")
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -48,7 +48,7 @@ def playwright() -> Iterator[Playwright]:
 def browser(playwright: Playwright) -> Iterator[Browser]:
     if not Path(CHROMIUM).exists():
         pytest.fail(
-            f"{CHROMIUM}: no Chromium (`make test` installs Debian's chromium package; "
+            f"{CHROMIUM}: no Chromium (`make test` installs Debian's chromium-headless-shell; "
             "or set WARDEN_CHROMIUM)"
         )
     launched = playwright.chromium.launch(
