@@ -23,6 +23,7 @@ NAMES = sorted(
 )
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", NAMES)
 def test_quick_run_succeeds(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     module = importlib.import_module(f"benchmarks.{name}")

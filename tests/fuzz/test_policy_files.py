@@ -11,6 +11,7 @@ import itertools
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -99,6 +100,7 @@ def assert_worded(problems: list[Problem], folder: Path) -> None:
         assert not any(word in problem.message for word in INTERNAL_WORDS), problem
 
 
+@pytest.mark.heavy
 def test_policy_files_load_or_name_each_problem(tmp_path: Path) -> None:
     @FUZZ
     @given(policy=mutated(POLICY_TEXT))
@@ -117,6 +119,7 @@ def test_policy_files_load_or_name_each_problem(tmp_path: Path) -> None:
     fuzz()
 
 
+@pytest.mark.heavy
 def test_policy_test_files_load_or_name_each_problem(tmp_path: Path) -> None:
     policies = EXAMPLE_SET
 

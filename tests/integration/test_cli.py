@@ -389,6 +389,7 @@ def test_serve_stops_on_a_sigterm_the_kernel_hands_to_another_of_its_threads(
     assert "received SIGTERM, stopping" in stderr
 
 
+@pytest.mark.heavy
 @pytest.mark.fixed_processes
 def test_serve_collects_young_garbage_rarely_so_calls_in_flight_do_not_age_into_full_collections(
     tmp_path: Path, processes: list[subprocess.Popen[str]]
@@ -689,6 +690,7 @@ def serve_until_ready(
     return process.returncode, stderr
 
 
+@pytest.mark.heavy
 @pytest.mark.fixed_processes
 def test_serve_moves_metrics_off_a_taken_port_with_metrics_listen(
     tmp_path: Path, processes: list[subprocess.Popen[str]]

@@ -135,6 +135,7 @@ def granted_decisions(db: Path) -> set[str]:
         conn.close()
 
 
+@pytest.mark.heavy
 def test_si3_every_grant_survives_a_sigkill_under_concurrent_load(
     config: Path, serve: list[Serve]
 ) -> None:

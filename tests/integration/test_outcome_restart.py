@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 
 import warden
 from benchmarks import free_port, wait_until_serving, warden_command
@@ -229,6 +230,7 @@ CALLS_BEFORE_KILL = 150
 CALLS_AFTER_RESTART = 150
 
 
+@pytest.mark.heavy
 def test_no_outcome_is_lost_when_the_plane_is_killed_under_load_and_restarted(
     tmp_path: Path,
 ) -> None:

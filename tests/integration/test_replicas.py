@@ -164,6 +164,7 @@ CALLS_BEFORE_KILL = 60
 CALLS_AFTER_RESTART = 60
 
 
+@pytest.mark.heavy
 def test_a_replica_killed_under_load_loses_nothing_and_the_chain_verifies(
     tmp_path: Path, postgres_url: str
 ) -> None:

@@ -121,6 +121,7 @@ def sdk_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
+@pytest.mark.heavy
 def test_sdk_alone_installs_without_the_planes_dependencies_and_invokes(
     sdk_python: Path, lab_plant: Plant, tmp_path: Path
 ) -> None:

@@ -184,6 +184,7 @@ def near(schema: Any) -> st.SearchStrategy[Any]:
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
+@pytest.mark.heavy
 @settings(max_examples=600, deadline=None)
 @given(data=st.data(), schema=with_refs())
 def test_si2_the_predicate_gives_jsonschemas_verdict(data: st.DataObject, schema: Any) -> None:

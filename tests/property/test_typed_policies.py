@@ -143,6 +143,7 @@ EVALUATORS = (CelPythonEvaluator(), celcpp.CelCppEvaluator())
 ACTOR_VALUE = {"id": "bot-7", "roles": ["support"], "tenant": "acme", "attrs": {}}
 
 
+@pytest.mark.heavy
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_no_expression_that_passes_the_checker_fails_with_a_type_error(

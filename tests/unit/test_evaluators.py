@@ -154,6 +154,7 @@ def outcome(evaluator: Any, expression: str, values: dict[str, Any]) -> Any:
         return "error"
 
 
+@pytest.mark.heavy
 @settings(max_examples=300, deadline=None)
 @given(
     expression=bools,
