@@ -86,7 +86,7 @@ class ProcessStartError(OSError):
 
 
 _FORKSERVER = multiprocessing.get_context("forkserver")
-_FORKSERVER.set_forkserver_preload(["warden_server.app", "warden_server.plane"])
+_FORKSERVER.set_forkserver_preload(["warden_server.preload"])
 
 
 def start_forkserver() -> None:

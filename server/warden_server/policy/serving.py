@@ -55,6 +55,34 @@ def evaluator_for(choice: EvaluatorChoice) -> Evaluator:
     return CelPythonEvaluator()
 
 
+_PREPARED: Final = (
+    '"manager" in actor.roles || (input.amount > 10.5 && !actor.id.startsWith("bot-"))'
+    " ? size(input.items) : input.items.filter(i, i.n != 0).size()"
+)
+"""An expression like the example policies' conditions, for ``prepare``."""
+
+
+def prepare() -> None:
+    """Build what compiling and evaluating a first policy set builds on
+    first use: cel-python's parser and the patterns of its lexer's states,
+    and the C++ runtime's environment.
+
+    A process that forks others calls this first (the forkserver, through
+    ``warden_server.preload``), so that each process forked finds them
+    built: that saves a joining process about 50 ms of CPU.
+    """
+    evaluator: Evaluator = (
+        celcpp.CelCppEvaluator() if celcpp.available() is None else CelPythonEvaluator()
+    )
+    variables = {
+        "actor": {"id": "prepare", "roles": []},
+        "input": {"amount": 1.0, "items": [{"n": 1}]},
+    }
+    program = evaluator.compile(_PREPARED)
+    program.evaluate(evaluator.activation(variables))
+    program.reference.evaluate(evaluator.reference.activation(variables))
+
+
 def fallback_reason(
     policies: PolicySet, directory: Path, now: datetime | None = None
 ) -> str | None:
