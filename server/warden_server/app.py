@@ -171,6 +171,8 @@ class Server:
     slow_stop_s: float = field(default=SLOW_STOP_S, repr=False)
     """A stop still going after this long logs where every thread of the process is."""
     _stopped: bool = field(default=False, repr=False)
+    _ended: bool = field(default=False, repr=False)
+    """The stop is done: the loop that would answer ``wait`` is gone."""
 
     @property
     def target(self) -> str:
@@ -181,8 +183,11 @@ class Server:
         if self._stopped:
             return
         self._stopped = True
-        with reported_if_slow(self.slow_stop_s, "stopping"):
-            self._stop(grace)
+        try:
+            with reported_if_slow(self.slow_stop_s, "stopping"):
+                self._stop(grace)
+        finally:
+            self._ended = True
 
     def _stop(self, grace: float | None) -> None:
         self.plane.reloader.stopping()  # winds down while the rest stops
@@ -207,8 +212,11 @@ class Server:
         self.plane.close()  # the store's last commits run on the loop
         self.loop.close()
 
-    def wait(self) -> None:
-        """Until the server has stopped, in turns of ``WAIT_TURN_S``.
+    def wait(self, until: Callable[[], bool] | None = None) -> None:
+        """Until the server has stopped (by ``stop``, from any thread: the
+        loop may close before it answers), or ``until()`` is true (a stop was
+        asked for: ``warden_server.stopping``), looking in turns of
+        ``WAIT_TURN_S``.
 
         Python runs a signal's handler on the main thread once that thread
         runs again, and the kernel may hand SIGTERM to any thread of the
@@ -219,7 +227,7 @@ class Server:
         ended = asyncio.run_coroutine_threadsafe(
             self.grpc_server.wait_for_termination(), self.loop.loop
         )
-        while True:
+        while not self._ended and (until is None or not until()):
             try:
                 ended.result(timeout=WAIT_TURN_S)
             except futures.TimeoutError:

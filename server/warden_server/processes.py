@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Final, cast
 
 from warden_server.config import Config
 from warden_server.placement import pin_to
+from warden_server.stopping import StopRequest
 
 if TYPE_CHECKING:
     from warden_server.plane import ProcessSecrets
@@ -534,19 +535,16 @@ def _join(spec_text: str, ready: Connection, lifeline: Connection, cpu: int | No
         server.stop(grace=0)
         return
     ready.close()
-    stopping = threading.Event()
-
-    def stop(*_: object) -> None:
-        if not stopping.is_set():
-            stopping.set()
-            threading.Thread(target=server.stop, name="warden-stop").start()
-
-    signal.signal(signal.SIGTERM, stop)
+    request = StopRequest()  # answered here, on the main thread (``warden_server.stopping``)
+    signal.signal(signal.SIGTERM, request.handle)
 
     def orphaned() -> None:
         with contextlib.suppress(EOFError, OSError):
             lifeline.recv()  # nothing more is sent: this returns when the first process is gone
-        stop()
+        request.make("the first process is gone")
 
     threading.Thread(target=orphaned, name="warden-parent-watch", daemon=True).start()
-    server.wait()
+    try:
+        server.wait(until=request.made)
+    finally:
+        server.stop()

@@ -3,6 +3,7 @@ real processes for ``serve``."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import http.server
@@ -387,6 +388,48 @@ def test_serve_stops_on_a_sigterm_the_kernel_hands_to_another_of_its_threads(
     _, stderr = process.communicate(timeout=20)
     assert process.returncode == 0, stderr
     assert "received SIGTERM, stopping" in stderr
+
+
+def test_a_stop_signal_is_answered_on_the_main_thread_even_while_the_loop_is_busy(
+    tmp_path: Path,
+) -> None:
+    """The handler of a stopping signal only records it, and the main
+    thread's wait returns to stop the plane. A handler that stopped the plane
+    itself waited for the event loop, and the loop could be waiting for a lock
+    the main thread held where the signal interrupted it: ``warden serve``
+    once hung for good on a SIGTERM that way. Here the loop is held busy when
+    the signal comes; the wait must return before the loop is let go."""
+    from tests.conftest import make_config
+    from warden_server.app import launch
+    from warden_server.stopping import StopRequest
+
+    server = launch(make_config(tmp_path))
+    busy, let_go = threading.Event(), threading.Event()
+
+    async def hold_the_loop() -> None:
+        busy.set()
+        let_go.wait(timeout=20)  # blocks the loop's thread, as a lock would
+
+    request = StopRequest()
+    kept = signal.signal(signal.SIGUSR1, request.handle)  # as `warden serve` sets SIGTERM's
+    try:
+        held = asyncio.run_coroutine_threadsafe(hold_the_loop(), server.loop.loop)
+        assert busy.wait(timeout=10)
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        # Should the wait not answer, the loop is let go and the plane
+        # stopped from here after a while, so that the test fails, not hangs.
+        fallback = threading.Timer(15, lambda: (let_go.set(), server.stop(grace=0)))
+        fallback.start()
+        server.wait(until=request.made)
+        answered_while_busy = not let_go.is_set()
+        fallback.cancel()
+    finally:
+        signal.signal(signal.SIGUSR1, kept)
+        let_go.set()
+    held.result(timeout=10)
+    server.stop(grace=0)
+    assert answered_while_busy, "the wait returned only once the loop was free"
+    assert request.reason == "received SIGUSR1"
 
 
 @pytest.mark.heavy

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import click
 
 from warden_server.cli.common import CONFIG_OPTION, load
+from warden_server.stopping import StopRequest
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -78,17 +78,11 @@ def serve(
     # Asked to stop while still starting (the plane imports, the policy sets
     # load, the other processes start): stop as soon as serving has begun,
     # rather than die half-started.
-    stopping = threading.Event()
-    running: list[Server] = []
-
-    def stop(signum: int, _frame: Any) -> None:
-        stopping.set()
-        _say(f"received {signal.Signals(signum).name}, stopping")
-        if running:
-            running[0].stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # The handler records and says, nothing more: the main thread stops the
+    # plane (``warden_server.stopping`` says why).
+    request = StopRequest(say=_say)
+    signal.signal(signal.SIGTERM, request.handle)
+    signal.signal(signal.SIGINT, request.handle)
     _check_addresses(config)
     if config.process_count > 1:
         # The other processes are forked from a server that imports the plane
@@ -104,7 +98,6 @@ def serve(
     prepare_collector()
     cpus = cpus_for(config.process_count, pin=config.server.pin_processes)
     server = _launch(config, cpus)
-    running.append(server)
     try:
         count = config.process_count
         _say(
@@ -115,9 +108,7 @@ def serve(
         if server.metrics_port is not None:
             host = (config.telemetry.metrics_listen or "").rpartition(":")[0]
             _say(f"metrics on http://{host}:{server.metrics_port}/metrics")
-        if stopping.is_set():
-            server.stop()
-        server.wait()
+        server.wait(until=request.made)
     finally:
         # Whatever ended the wait, the other processes are told to stop: left
         # serving, they would hold this process at its exit for good.
