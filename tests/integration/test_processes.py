@@ -210,8 +210,7 @@ def test_a_plane_serves_on_every_process_from_its_first_connection(tmp_path: Pat
     finally:
         for channel in channels:
             channel.close()
-        process.terminate()
-        _, stderr = process.communicate(timeout=30)
+        stderr = _stopped(process)
     assert len(reached) == 2, f"16 connections all reached one process\n{stderr}"
 
 
@@ -676,6 +675,19 @@ def test_metrics_count_the_calls_every_process_served(tmp_path: Path, orders_exa
     assert counted_here() < calls
 
 
+def _stopped(process: subprocess.Popen[str]) -> str:
+    """Stop ``warden serve`` with SIGTERM and return what it wrote on stderr.
+    One that has not ended 30 s later is killed, not left behind hung, and
+    the test fails."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate(timeout=10)
+        raise
+
+
 def _serving_processes(first: int) -> list[int]:
     """``warden serve``'s own pid and its joined processes': the descendants
     that run threads (the forkserver and its resource tracker run one each)."""
@@ -722,8 +734,7 @@ def test_with_one_process_per_cpu_each_runs_on_a_cpu_of_its_own(tmp_path: Path, 
         assert len(serving) == 2, f"expected the first process and one joined, got {serving}"
         placed = [_thread_cpus(pid) for pid in serving]
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=30)
+        _stopped(process)
     assert "2 processes" in started, started
     if pin:
         assert placed == [{frozenset({cpus[0]})}, {frozenset({cpus[1]})}], placed
