@@ -75,11 +75,10 @@ def serve(
     # joining processes on theirs, a count by CPU affinity would see one.
     counted = config.server.model_copy(update={"processes": config.process_count})
     config = config.model_copy(update={"server": counted})
-    # Asked to stop while still starting (the plane imports, the policy sets
-    # load, the other processes start): stop as soon as serving has begun,
-    # rather than die half-started.
-    # The handler records and says, nothing more: the main thread stops the
-    # plane (``warden_server.stopping`` says why).
+    # A SIGTERM or SIGINT is recorded and said, nothing more: the main thread
+    # stops the plane (``warden_server.stopping`` says why). Asked while still
+    # starting (the plane imports, the policy sets load, the other processes
+    # start), it stops as soon as serving has begun, rather than die half-started.
     request = StopRequest(say=_say)
     signal.signal(signal.SIGTERM, request.handle)
     signal.signal(signal.SIGINT, request.handle)
