@@ -314,7 +314,12 @@ def _report(
         f"  errors = 0: {errors:,}{f' ({detail})' if detail else ''}  {verdict(ok_errors, quick)}"
     )
     answer = (verified.stdout + verified.stderr).strip()
-    print(f"  warden audit verify: {answer}  {'ok' if chain_intact else 'FAILED'}")
+    # The verdict on the chain's line; what the command adds (what a chain
+    # without an anchor cannot prove) indented below it.
+    first, *rest = answer.splitlines() or [""]
+    print(f"  warden audit verify: {first}  {'ok' if chain_intact else 'FAILED'}")
+    for line in rest:
+        print(f"    {line}")
 
     ok = ok_overhead and ok_latency and ok_errors and chain_intact
     figures = {
