@@ -432,6 +432,40 @@ def test_a_stop_signal_is_answered_on_the_main_thread_even_while_the_loop_is_bus
     assert request.reason == "received SIGUSR1"
 
 
+def test_a_wait_returns_once_another_threads_stop_is_done_though_the_loop_never_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop from another thread closes the loop that would answer the
+    wait; should the loop close before it answers (a stop that ends between
+    the wait's start and its first turn), the wait must still return once
+    the stop is done, not look for good at a future nothing will settle."""
+    from tests.conftest import make_config
+    from warden_server.app import launch
+
+    server = launch(make_config(tmp_path))
+    asked = threading.Event()
+
+    async def never_answered() -> None:
+        asked.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(server.grpc_server, "wait_for_termination", never_answered)
+
+    def stop_once_waited_for() -> None:
+        asked.wait(timeout=10)
+        server.stop(grace=0)
+
+    stopper = threading.Thread(target=stop_once_waited_for, daemon=True)
+    waiter = threading.Thread(target=server.wait, daemon=True)
+    stopper.start()
+    waiter.start()
+    stopper.join(timeout=20)
+    waiter.join(timeout=10)
+    assert asked.is_set(), "the wait asked the loop for the server's end"
+    assert not stopper.is_alive(), "the stop ended"
+    assert not waiter.is_alive(), "the wait went on after the stop had ended"
+
+
 @pytest.mark.heavy
 @pytest.mark.fixed_processes
 def test_serve_collects_young_garbage_rarely_so_calls_in_flight_do_not_age_into_full_collections(
