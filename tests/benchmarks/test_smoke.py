@@ -10,6 +10,7 @@ import pkgutil
 import platform
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,29 @@ def test_the_runner_refuses_a_benchmark_that_does_not_exist() -> None:
     assert done.stderr.splitlines()[-1] == (
         f"python -m benchmarks: error: no benchmark named nonesuch; there are {there_are}"
     )
+
+
+def test_the_runner_names_the_benchmarks_that_missed_and_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missed target fails ``make bench``: the runner goes on with the
+    other benchmarks, names the ones that missed last, and exits 1."""
+    from benchmarks import __main__ as runner
+
+    ran = []
+    for name, met in (("missing", False), ("meeting", True), ("failing", False)):
+        module = types.ModuleType(f"benchmarks.bench_{name}")
+
+        def run(quick: bool = False, name: str = name, met: bool = met) -> bool:
+            ran.append((name, quick))
+            return met
+
+        module.run = run  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(runner, "available", lambda: ["failing", "meeting", "missing"])
+    monkeypatch.setattr(sys, "argv", ["benchmarks", "--quick"])
+
+    assert runner.main() == 1
+    assert ran == [("failing", True), ("meeting", True), ("missing", True)]
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "missed a target or failed: failing, missing"
