@@ -28,10 +28,11 @@ class StopRequest:
     def handle(self, signum: int, _frame: object) -> None:
         """The handler of the signals that stop a plane: records the request,
         and says so when given a way to (``say``)."""
-        self.make(f"received {signal.Signals(signum).name}")
+        received = f"received {signal.Signals(signum).name}"
+        self.make(received)
         if self._say is not None:
             with contextlib.suppress(RuntimeError):  # the main thread was writing there itself
-                self._say(f"received {signal.Signals(signum).name}, stopping")
+                self._say(f"{received}, stopping")
 
     def make(self, reason: str) -> None:
         """Ask the plane to stop (the first reason is kept)."""
