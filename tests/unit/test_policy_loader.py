@@ -61,6 +61,37 @@ def test_yaml_syntax_error_is_reported_with_its_position(tmp_path: Path) -> None
     ]
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            "2026-02-30",
+            "YAML: '2026-02-30' does not fit the type YAML reads it as"
+            " (timestamp: day is out of range for month); quote dates and times",
+        ),
+        (
+            "2026-13-45T00:00:00Z",
+            "YAML: '2026-13-45T00:00:00Z' does not fit the type YAML reads it as"
+            " (timestamp: month must be in 1..12); quote dates and times",
+        ),
+        (
+            "!!int abc",
+            "YAML: 'abc' does not fit the type YAML reads it as"
+            " (int: invalid literal for int() with base 10: 'abc')",
+        ),
+        ("!shout hi", "YAML: could not determine a constructor for the tag '!shout'"),
+    ],
+)
+def test_a_scalar_yaml_cannot_make_a_value_of_is_a_problem_at_its_position(
+    tmp_path: Path, value: str, message: str
+) -> None:
+    """An unquoted impossible date, or a tag YAML has no type for, is one
+    problem at the scalar, not a crash of the loader (and so of the check,
+    the tests and a hot reload)."""
+    folder = write(tmp_path / "p", a_yaml=f"constants:\n  start: {value}\nrules: []\n")
+    assert problems_of(folder) == [f"{folder}/a.yaml:2:10: {message}"]
+
+
 def test_unknown_key_is_reported_on_its_line(tmp_path: Path) -> None:
     """The position is the unknown key itself (yamlpos records key nodes too)."""
     folder = write(tmp_path / "p", a_yaml="rules:\n" + VALID_RULE + "    colour: red\n")

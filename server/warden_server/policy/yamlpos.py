@@ -178,6 +178,25 @@ _STR: Final = "tag:yaml.org,2002:str"
 
 
 def _scalar(node: yaml.ScalarNode, loader: yaml.SafeLoader) -> Any:
+    """The value of a scalar.
+
+    Raises:
+        YAMLSyntaxError: YAML cannot make a value of it: an unknown tag, or
+            text that its form claims for a type it does not fit (an
+            impossible date such as 2026-02-30, ``!!int abc``).
+    """
     if node.tag == _STR:  # most of a policy file: its text is its value
         return node.value
-    return loader.construct_object(node)
+    try:
+        return loader.construct_object(node)
+    except yaml.MarkedYAMLError as exc:
+        raise YAMLSyntaxError(
+            f"YAML: {exc.problem or exc.context}", _position(node.start_mark)
+        ) from None
+    except (ValueError, OverflowError) as exc:
+        kind = node.tag.rpartition(":")[2]
+        hint = "; quote dates and times" if kind == "timestamp" else ""
+        raise YAMLSyntaxError(
+            f"YAML: {node.value!r} does not fit the type YAML reads it as ({kind}: {exc}){hint}",
+            _position(node.start_mark),
+        ) from None
