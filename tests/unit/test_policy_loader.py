@@ -411,6 +411,32 @@ def test_schema_problems_do_not_hide_expression_problems_in_the_same_file(
     assert paths == ["rules[0].when", "rules[1].effect"]
 
 
+def test_a_broken_limit_does_not_hide_the_problems_of_the_others(tmp_path: Path) -> None:
+    """A limit whose shape is wrong (a rate per week) leaves the other limits
+    checked whole (a key of the wrong type, a duplicate id) and its own
+    expressions checked as written."""
+    limit = '  - id: {id}\n    capabilities: ["orders.x"]\n    rate: {rate}\n    key: {key}\n'
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r0\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: allow\n"
+            "limits:\n"
+            + limit.format(id="l0", rate="10/week", key="actor.nme")
+            + limit.format(id="l1", rate="10/min", key="actor.roles")
+            + limit.format(id="r0", rate="10/min", key="actor.id")
+        ),
+    )
+    assert [p.split(": ")[1] for p in problems_of(folder)] == [
+        "limits[0].rate",
+        "limits[0].key",  # actor.nme: checked although the limit is broken
+        "limits[1].key",  # a list, not a string
+        "limits[2].id",  # the rule's id again
+    ]
+
+
 def test_problem_string_without_a_path() -> None:
     assert str(Problem("f.yaml", 3, 7, "", "boom")) == "f.yaml:3:7: boom"
     assert str(Problem("f.yaml", 3, 7, "rules[0]", "boom")) == "f.yaml:3:7: rules[0]: boom"

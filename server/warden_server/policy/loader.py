@@ -26,6 +26,7 @@ from warden_server.policy.globs import WILDCARDS, matches
 from warden_server.policy.inputs import InputSchema, missing_field
 from warden_server.policy.model import (
     EXPRESSION_KEYS,
+    LIMIT_EXPRESSION_KEYS,
     Limit,
     PolicyFile,
     Rule,
@@ -427,27 +428,35 @@ class _FileChecker:
         return compiled
 
     def _check_what_parsed(self, data: Any, error: ValidationError) -> None:
-        """Keep checking the rules of a file whose structure is broken elsewhere,
-        so that one mistake does not hide the others."""
-        raw_rules = data.get("rules") if isinstance(data, Mapping) else None
-        if not isinstance(raw_rules, list):
+        """Keep checking the rules and limits of a file whose structure is broken
+        elsewhere, so that one mistake does not hide the others: each entry
+        that parsed is checked whole, and the expressions of each that did not."""
+        if not isinstance(data, Mapping):
             return
-        broken = {e["loc"][1] for e in error.errors() if e["loc"][:1] == ("rules",)}
-        for index, raw in enumerate(raw_rules):
-            if index not in broken:
-                self._rule(index, Rule.model_validate(raw))
-            elif isinstance(raw, Mapping):
-                hide = raw.get("effect") == "hide"
-                for key in EXPRESSION_KEYS:
-                    text = raw.get(key)
-                    if isinstance(text, str):
-                        allowed = _allowed(key, hide)
-                        kind: typecheck.Kind = key  # type: ignore[assignment]
-                        path: yamlpos.Path = ("rules", index, key)
-                        self.texts[path] = text
-                        expansion = self.definitions.expand(path, text)
-                        if expansion is not None:
-                            self._expression(path, expansion, allowed, (), kind)
+        for section, keys in (("rules", EXPRESSION_KEYS), ("limits", LIMIT_EXPRESSION_KEYS)):
+            entries = data.get(section)
+            if not isinstance(entries, list):
+                continue
+            broken = {
+                e["loc"][1] for e in error.errors() if e["loc"][:1] == (section,) and e["loc"][1:]
+            }
+            for index, raw in enumerate(entries):
+                if index not in broken:
+                    if section == "rules":
+                        self._rule(index, Rule.model_validate(raw))
+                    else:
+                        self._limit(index, Limit.model_validate(raw))
+                elif isinstance(raw, Mapping):
+                    hide = section == "rules" and raw.get("effect") == "hide"
+                    for key in keys:
+                        text = raw.get(key)
+                        if isinstance(text, str):
+                            kind: typecheck.Kind = key  # type: ignore[assignment]
+                            path: yamlpos.Path = (section, index, key)
+                            self.texts[path] = text
+                            expansion = self.definitions.expand(path, text)
+                            if expansion is not None:
+                                self._expression(path, expansion, _allowed(key, hide), (), kind)
 
     def _rule(self, index: int, rule: Rule) -> CompiledRule | None:
         base: yamlpos.Path = ("rules", index)
