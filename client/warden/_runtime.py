@@ -60,6 +60,7 @@ from warden._transport import ReportTransport, Transport
 from warden.shared.canonical import compact_json
 from warden.shared.ids import uuid7
 from warden.shared.tls import TLS
+from warden.shared.wire import MAX_IDEMPOTENCY_KEY
 from warden.v1 import governor_pb2, registry_pb2
 
 log = logging.getLogger("warden")
@@ -423,7 +424,8 @@ class Runtime:
             An Envelope; governed failures are values, never raised.
 
         Raises:
-            WardenError: ``timeout_ms`` is not positive.
+            WardenError: ``timeout_ms`` is not positive, or ``idempotency_key``
+                is longer than the plane takes (255 characters).
         """
         call = self._new_call(
             capability_id,
@@ -453,6 +455,11 @@ class Runtime:
     ) -> _Call:
         if timeout_ms is not None and timeout_ms <= 0:
             raise WardenError("timeout_ms must be positive")
+        if idempotency_key is not None and len(idempotency_key) > MAX_IDEMPOTENCY_KEY:
+            raise WardenError(
+                f"idempotency_key is longer than {MAX_IDEMPOTENCY_KEY} characters"
+                f" ({len(idempotency_key)})"
+            )
         return _Call(
             capability_id=capability_id,
             input_json=_encode_input(input),

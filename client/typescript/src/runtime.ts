@@ -117,6 +117,8 @@ interface Reported {
 
 /** Capabilities sent in one Register call: the plane's default limit. */
 export const REGISTER_AT_ONCE = 100;
+/** The longest idempotency key a `Begin` may carry, in characters (the plane's limit). */
+export const MAX_IDEMPOTENCY_KEY = 255;
 
 /** A service's connection to the plane and the capabilities it serves. */
 export class Runtime {
@@ -226,7 +228,8 @@ export class Runtime {
    *   wrote it (text that is not JSON reaches the plane, which records the
    *   attempt and answers INPUT_INVALID at stage `adapter`).
    * @returns An envelope; governed failures are values, never thrown.
-   * @throws WardenError `timeoutMs` is not positive.
+   * @throws WardenError `timeoutMs` is not positive, or `idempotencyKey` is
+   *   longer than the plane takes (255 characters).
    */
   async invoke<O = unknown>(
     capabilityId: string,
@@ -235,6 +238,12 @@ export class Runtime {
   ): Promise<Envelope<O>> {
     if (options.timeoutMs !== undefined && !(options.timeoutMs > 0)) {
       throw new WardenError("timeoutMs must be positive");
+    }
+    const keyLength = [...(options.idempotencyKey ?? "")].length; // characters, as the plane counts
+    if (keyLength > MAX_IDEMPOTENCY_KEY) {
+      throw new WardenError(
+        `idempotencyKey is longer than ${MAX_IDEMPOTENCY_KEY} characters (${keyLength})`,
+      );
     }
     const call: Call = {
       capabilityId,

@@ -14,3 +14,7 @@ PROCESS_METADATA: Final = "x-warden-process"
 """The trailing gRPC metadata key by which the plane's process that answered a
 ``Governor`` call names itself (a random id per process): the SDK balances its
 calls between processes, not only between its connections."""
+
+MAX_IDEMPOTENCY_KEY: Final = 255
+"""The longest idempotency key a ``Begin`` may carry, in characters: the plane
+refuses a longer one (``INVALID_ARGUMENT``), and the SDKs before sending it."""

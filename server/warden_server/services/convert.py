@@ -82,7 +82,6 @@ OUTCOME_STATUSES = {
     governor_pb2.OUTCOME_STATUS_CANCELLED: "cancelled",
 }
 OUTCOME_STATUS_NUMBERS = {name: number for number, name in OUTCOME_STATUSES.items()}
-MAX_IDEMPOTENCY_KEY = 255
 
 
 def definition_from_proto(

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import grpc
 
-from warden.shared.wire import PROCESS_METADATA
+from warden.shared.wire import MAX_IDEMPOTENCY_KEY, PROCESS_METADATA
 from warden.v1 import governor_pb2, governor_pb2_grpc
 from warden_server.auth.services import SERVICE_TOKEN_METADATA, Service, ServiceAuthenticationError
 from warden_server.config import Config
@@ -282,10 +282,8 @@ def _decode_begin(
 ) -> BeginRequest:
     # A capability id that cannot name a capability (empty, too long) is not a
     # malformed request but an unknown capability: resolve answers it (SI-8).
-    if len(request.idempotency_key) > convert.MAX_IDEMPOTENCY_KEY:
-        raise InvalidRequest(
-            f"idempotency_key is longer than {convert.MAX_IDEMPOTENCY_KEY} characters"
-        )
+    if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY:
+        raise InvalidRequest(f"idempotency_key is longer than {MAX_IDEMPOTENCY_KEY} characters")
     return BeginRequest(
         service=service,
         invocation_id=convert.invocation_id_of(request.invocation_id),

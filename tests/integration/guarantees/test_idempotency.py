@@ -573,3 +573,20 @@ def test_an_overlong_key_is_refused_and_recorded(pay_plant: Plant) -> None:
     assert "idempotency_key is longer than 255" in (raised.value.details() or "")
     (row,) = pay_plant.events(kind="decision", status="rejected")
     assert "idempotency_key" in row["reason"]
+
+
+def test_the_sdk_refuses_an_overlong_key_before_asking_the_plane(
+    payments: warden.Runtime, pay_plant: Plant, ledger: Ledger
+) -> None:
+    """A key the plane would refuse is the caller's mistake, raised at the call
+    like a budget that is not positive, not an envelope that tells the model
+    to try again later; a key of exactly the limit is governed as usual."""
+    actor = pay_plant.token()
+    with pytest.raises(warden.WardenError, match="idempotency_key is longer than 255 characters"):
+        payments.invoke("orders.pay", pay_input(), actor=actor, idempotency_key="k" * 256)
+    assert not pay_plant.events(kind="decision")
+    assert ledger.runs() == 0
+    at_the_limit = payments.invoke(
+        "orders.pay", pay_input(), actor=actor, idempotency_key="k" * 255
+    )
+    assert at_the_limit.status == "succeeded" and ledger.runs() == 1

@@ -211,6 +211,21 @@ describe("a TypeScript service on a real plane", () => {
     assert.equal(failure(other)?.code, "IDEMPOTENCY_CONFLICT");
   });
 
+  test("an idempotency key longer than the plane takes is the caller's error, thrown", async () => {
+    await assert.rejects(
+      rt.invoke("billing.pass", { amount: 3 }, { actor, idempotencyKey: "k".repeat(256) }),
+      (error: unknown) =>
+        error instanceof WardenError && /longer than 255 characters \(256\)/.test(error.message),
+    );
+    // Characters as the plane counts them: 200 emoji are 400 UTF-16 units.
+    const emoji = await rt.invoke(
+      "billing.pass",
+      { amount: 3 },
+      { actor, idempotencyKey: "😀".repeat(200) },
+    );
+    assert.equal(emoji.status, "succeeded");
+  });
+
   test("a handler's grant verifies offline with the plane's published keys", async () => {
     const envelope = await rt.invoke("billing.pass", { amount: 3 }, { actor });
     assert.deepEqual(unwrap(envelope), { actor: "bot-7", capability: "billing.pass" });
