@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from warden._capability import SideEffect
 from warden._envelope import Envelope
+from warden._errors import WardenError
 
 _SAFE_TO_REPEAT: tuple[SideEffect, ...] = ("read", "idempotent")
 
@@ -37,11 +38,11 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
+            raise WardenError("max_attempts must be at least 1")
         if self.initial_backoff_ms < 0 or self.max_backoff_ms < self.initial_backoff_ms:
-            raise ValueError("backoffs must satisfy 0 <= initial_backoff_ms <= max_backoff_ms")
+            raise WardenError("backoffs must satisfy 0 <= initial_backoff_ms <= max_backoff_ms")
         if self.multiplier < 1:
-            raise ValueError("multiplier must be at least 1")
+            raise WardenError("multiplier must be at least 1")
 
     def delay_s(self, attempt: int, envelope: Envelope, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (from 1)."""

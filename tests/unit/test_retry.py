@@ -98,5 +98,7 @@ def test_backoff_waits_out_retry_after() -> None:
     ],
 )
 def test_a_policy_that_makes_no_sense_is_refused(arguments: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
+    """A bad argument is an error of the SDK itself, as ``docs/sdk.md`` says:
+    a WardenError."""
+    with pytest.raises(warden.WardenError, match="must"):
         warden.RetryPolicy(**arguments)  # type: ignore[arg-type]
