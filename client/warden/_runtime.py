@@ -144,8 +144,13 @@ async def _to_the_end(invocation: Coroutine[Any, Any, Envelope]) -> Envelope:
     again at every await; those repeats are absorbed here instead of cutting
     the closing of a grant short. A cancellation that arrives before anything
     ran still propagates.
+
+    A KeyboardInterrupt or SystemExit the invocation raises (its handler's)
+    is raised here, once, in the caller's task: raised by a task of its own,
+    asyncio would also raise it out of the caller's loop, past any ``except``
+    of the caller's.
     """
-    task = asyncio.ensure_future(invocation)
+    task = asyncio.ensure_future(_contained(invocation))
     cancelled = False
     while not task.done():
         try:
@@ -155,7 +160,10 @@ async def _to_the_end(invocation: Coroutine[Any, Any, Envelope]) -> Envelope:
             if not cancelled:
                 cancelled = True
                 task.cancel()
-    return task.result()
+    try:
+        return task.result()
+    except _Interruption as interruption:
+        raise interruption.raised from None
 
 
 class _Interruption(Exception):

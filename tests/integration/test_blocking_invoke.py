@@ -150,3 +150,42 @@ def test_an_async_handler_that_exits_leaves_the_runtime_serving(
     stopped = plant.events(kind="decision", status="granted")[0]
     (outcome,) = plant.events(kind="outcome", invocation_id=stopped["invocation_id"])
     assert outcome["status"] == "cancelled" and outcome["executed_before_failure"] == 1
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync-handler", "async-handler"])
+def test_an_interruption_ainvoke_raises_is_the_caller_s_to_catch(
+    plant: Plant, asynchronous: bool
+) -> None:
+    """``ainvoke`` runs the call in a task of the caller's loop. A handler's
+    KeyboardInterrupt reaches the ``await`` once, as the caller's own
+    exception: caught there, the caller's loop goes on (asyncio would raise
+    one that escapes a task out of the loop itself, a second time, past the
+    caller's ``except``), and the outcome is reported as cancelled."""
+    rt = warden.Runtime(plant.target, service="orders", token=ORDERS_TOKEN)
+
+    def interrupted(inp: OrderRef, ctx: warden.Context) -> OrderRef:
+        raise KeyboardInterrupt
+
+    async def interrupted_async(inp: OrderRef, ctx: warden.Context) -> OrderRef:
+        raise KeyboardInterrupt
+
+    rt.capability("orders.get", input=OrderRef, output=OrderRef, side_effect="read")(
+        interrupted_async if asynchronous else interrupted
+    )
+
+    async def main() -> str:
+        await rt.aregister()
+        try:
+            await rt.ainvoke("orders.get", {"order_id": "A1"}, actor=plant.token("bot-1"))
+        except KeyboardInterrupt:
+            caught = "caught"
+        await rt.aflush(timeout_ms=10_000)
+        return caught
+
+    try:
+        assert within(20, lambda: asyncio.run(main())) == "caught"
+    finally:
+        rt.close()
+    (decision,) = plant.events(kind="decision", status="granted")
+    (outcome,) = plant.events(kind="outcome", invocation_id=decision["invocation_id"])
+    assert outcome["status"] == "cancelled" and outcome["executed_before_failure"] == 1
