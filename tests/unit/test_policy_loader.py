@@ -255,7 +255,19 @@ def test_approvers_and_ttl_only_on_require_approval(tmp_path: Path) -> None:
     ]
 
 
-def test_bad_ttl(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("ttl", "message"),
+    [
+        ("soon", "'soon' is not a duration like 90s, 30m, 1h or 7d"),
+        ("90", "90 has no unit: give a duration like 90s, 30m, 1h or 7d"),
+        (
+            "0s",
+            "'0s': an approval request open for no time expires at once;"
+            " give a duration above zero, like 1h",
+        ),
+    ],
+)
+def test_bad_ttl(tmp_path: Path, ttl: str, message: str) -> None:
     folder = write(
         tmp_path / "p",
         a_yaml=(
@@ -263,11 +275,32 @@ def test_bad_ttl(tmp_path: Path) -> None:
             "  - id: r\n"
             '    capabilities: ["orders.x"]\n'
             "    effect: require_approval\n"
-            "    ttl: soon\n"
+            f"    ttl: {ttl}\n"
+        ),
+    )
+    assert problems_of(folder) == [f"{folder}/a.yaml:5:10: rules[0].ttl: {message}"]
+
+
+@pytest.mark.parametrize("effect", ["allow", "hide"])
+def test_a_message_only_on_rules_that_refuse(tmp_path: Path, effect: str) -> None:
+    """No model sees the message of an allow or a hide rule (a hidden
+    capability answers "not found"): writing one is a mistake, not a no-op."""
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            f"    effect: {effect}\n"
+            "    message: Ask a manager.\n"
+            "    message_expr: \"'Ask ' + actor.id\"\n"
         ),
     )
     assert problems_of(folder) == [
-        f"{folder}/a.yaml:5:10: rules[0].ttl: 'soon' is not a duration like 90s, 30m, 1h or 7d"
+        f"{folder}/a.yaml:5:5: rules[0].message: "
+        "'message' applies only to deny and require_approval rules",
+        f"{folder}/a.yaml:6:5: rules[0].message_expr: "
+        "'message_expr' applies only to deny and require_approval rules",
     ]
 
 

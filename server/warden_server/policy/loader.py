@@ -492,6 +492,15 @@ class _FileChecker:
                         f"'{key}' applies only to require_approval rules",
                         self.document.key_position((*base, key)),
                     )
+        if rule.effect in ("allow", "hide"):
+            # No model ever sees it: an allow answers nothing, a hide "not found".
+            for key in ("message", "message_expr"):
+                if getattr(rule, key) is not None:
+                    self.problem(
+                        (*base, key),
+                        f"'{key}' applies only to deny and require_approval rules",
+                        self.document.key_position((*base, key)),
+                    )
         if when is None or len(self.problems) > before:
             return None
         return CompiledRule(

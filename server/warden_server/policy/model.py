@@ -96,8 +96,22 @@ class Rule(_Strict):
 
     model_config = ConfigDict(
         json_schema_extra={
-            "if": {"not": {"properties": {"effect": {"const": "require_approval"}}}},
-            "then": {"not": {"anyOf": [{"required": ["approvers"]}, {"required": ["ttl"]}]}},
+            "allOf": [
+                {
+                    "if": {"not": {"properties": {"effect": {"const": "require_approval"}}}},
+                    "then": {
+                        "not": {"anyOf": [{"required": ["approvers"]}, {"required": ["ttl"]}]}
+                    },
+                },
+                {
+                    "if": {"properties": {"effect": {"enum": ["allow", "hide"]}}},
+                    "then": {
+                        "not": {
+                            "anyOf": [{"required": ["message"]}, {"required": ["message_expr"]}]
+                        }
+                    },
+                },
+            ]
         }
     )
 
@@ -146,11 +160,21 @@ class Rule(_Strict):
         # `when: true` is a YAML boolean, but the author meant the CEL literal.
         return str(value).lower() if isinstance(value, bool) else value
 
+    @field_validator("ttl", mode="before")
+    @classmethod
+    def _ttl_has_a_unit(cls, value: Any) -> Any:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(f"{value} has no unit: give a duration like 90s, 30m, 1h or 7d")
+        return value
+
     @field_validator("ttl")
     @classmethod
     def _ttl_is_duration(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_duration(value)
+        if value is not None and parse_duration(value) <= 0:
+            raise ValueError(
+                f"{value!r}: an approval request open for no time expires at once;"
+                " give a duration above zero, like 1h"
+            )
         return value
 
 
