@@ -140,6 +140,14 @@ def test_approve_then_resume_runs_the_handler_once_with_exactly_the_approved_inp
     ]
     assert json.loads(rows[1]["details"]) == {"reason": "looks right"}
     assert rows[2]["invocation_id"] == resumed.invocation_id
+    # Deciding it now is refused in words that say who did what.
+    with approver(lab_plant) as approvals, pytest.raises(warden.ApprovalError) as raised:
+        approvals.approve(approved.id)
+    assert raised.value.status == "FAILED_PRECONDITION"
+    assert str(raised.value).endswith(
+        f"approval {approved.id} is already consumed"
+        " (approved by mia, then used by the resumed call)"
+    )
 
 
 def test_a_denial_needs_a_reason_and_the_resumed_call_carries_it(
@@ -661,6 +669,18 @@ def test_cli_lists_shows_approves_and_denies(lab_rt: warden.Runtime, lab_plant: 
     assert "FAILED_PRECONDITION: approval" in refused.output and "already denied" in refused.output
     missing = cli("deny", first.approval_id or "", *access)
     assert missing.exit_code == 2 and "--reason" in missing.output
+
+
+def test_cli_mistakes_are_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No token says both places a token may come from; a --limit the plane
+    would refuse (or, below one, crash the request) is refused with its range."""
+    monkeypatch.delenv("WARDEN_TOKEN", raising=False)
+    no_token = cli("list")
+    assert no_token.exit_code == 2
+    assert "no token: give a JWT with --token, or set WARDEN_TOKEN" in no_token.output
+    for limit in ("-1", "0", "1001"):
+        bad = cli("list", "--token", "t", "--limit", limit)
+        assert bad.exit_code == 2 and "is not in the range 1<=x<=1000" in bad.output
 
 
 def test_cli_list_watch_prints_events_as_they_happen(

@@ -180,6 +180,8 @@ def decide(
         refuse(approver, approval, refusal)
     if approval.state != "pending":
         by = f" by {approval.decided_by}" if approval.decided_by else ""
+        if approval.state == "consumed":  # decided_by approved it; the resumed call used it
+            by = f" (approved{by}, then used by the resumed call)"
         closed = ApprovalClosed(f"approval {approval.approval_id} is already {approval.state}{by}")
         refuse(approver, approval, _Refusal(f"already-{approval.state}", closed))
     decided = dataclasses.replace(

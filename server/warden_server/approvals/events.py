@@ -35,7 +35,7 @@ class ApprovalChange:
 
 
 class WatchLimitReached(ResourceExhausted):
-    """The plane already serves its maximum of watch streams."""
+    """This process of the plane already serves its maximum of watch streams."""
 
 
 class WatcherFellBehind(ResourceExhausted):
@@ -145,8 +145,9 @@ class ApprovalHub:
             if not stopping:
                 if len(self._subscriptions) >= self._max_watchers:
                     raise WatchLimitReached(
-                        f"the plane already serves its maximum of {self._max_watchers} "
-                        "approval watchers ([server] max_approval_watchers)"
+                        f"this process of the plane already serves its maximum of "
+                        f"{self._max_watchers} approval watchers ([server] "
+                        "max_approval_watchers, counted per process)"
                     )
                 self._subscriptions.add(subscription)
         if stopping:

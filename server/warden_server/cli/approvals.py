@@ -17,13 +17,14 @@ import click
 import jwt
 
 import warden
-from warden_server.cli.common import TARGET_OPTION, plane_refused
+from warden_server.approvals.deciding import MAX_LIST
+from warden_server.cli.common import TARGET_OPTION, plane_refused, required_token
 
 STATES = ("pending", "approved", "denied", "expired", "consumed")
 TOKEN_OPTION = click.option(
     "--token",
-    required=True,
     envvar="WARDEN_TOKEN",
+    callback=required_token,
     help="The approver's JWT (or set WARDEN_TOKEN, which keeps it out of the process list).",
 )
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="JSON, one object per line.")
@@ -61,7 +62,13 @@ def _client(target: str, token: str) -> Iterator[warden.Approvals]:
     help="Only approvals in this state; repeat for several. [default: pending]",
 )
 @click.option("--all", "every_state", is_flag=True, help="Approvals in every state.")
-@click.option("--limit", default=100, show_default=True, help="At most this many, newest first.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_LIST),
+    default=100,
+    show_default=True,
+    help="At most this many, newest first.",
+)
 @click.option(
     "--watch",
     is_flag=True,

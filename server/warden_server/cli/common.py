@@ -35,6 +35,16 @@ STORE_OPTION = click.option(
 DEFAULT_TARGET = "127.0.0.1:50051"
 
 
+def required_token(
+    _context: click.Context | None, _param: click.Parameter | None, value: str | None
+) -> str:
+    """``--token``, which may come from WARDEN_TOKEN: click's own "Missing
+    option" would not say so."""
+    if not value:
+        raise click.UsageError("no token: give a JWT with --token, or set WARDEN_TOKEN")
+    return value
+
+
 def checked_target(
     _context: click.Context | None, _param: click.Parameter | None, value: str | None
 ) -> str | None:

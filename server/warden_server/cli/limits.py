@@ -12,7 +12,7 @@ import grpc
 from warden.shared.tls import sync_channel
 from warden.shared.wire import ACTOR_TOKEN_METADATA, BEARER
 from warden.v1 import audit_pb2, audit_pb2_grpc
-from warden_server.cli.common import TARGET_OPTION, rpc_refused, tls_credentials
+from warden_server.cli.common import TARGET_OPTION, required_token, rpc_refused, tls_credentials
 from warden_server.limits import LimitStatus
 from warden_server.services import convert
 
@@ -26,8 +26,8 @@ def limits() -> None:
 @TARGET_OPTION
 @click.option(
     "--token",
-    required=True,
     envvar="WARDEN_TOKEN",
+    callback=required_token,
     help="A JWT with the role auditor:all (or set WARDEN_TOKEN).",
 )
 @click.option("--limit", "limit_id", default="", help="Only this limit (by id).")
