@@ -618,6 +618,32 @@ def test_serve_with_an_unusable_listen_address_is_a_clear_error(
     assert not (config_path.parent / "var").exists(), "it wrote key files before failing"
 
 
+@pytest.mark.fixed_processes
+@pytest.mark.parametrize("address", ["nonsense", "127.0.0.1:99999", "taken"])
+def test_console_with_an_unusable_listen_address_is_a_clear_error(
+    tmp_path: Path, address: str
+) -> None:
+    """One line, and no "console on ..." announced for an address it never served."""
+    config_path = write_config(tmp_path / "cli")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        if address == "taken":
+            address = f"127.0.0.1:{taken.getsockname()[1]}"
+        done = subprocess.run(
+            [*warden_command(), "console", "--config", str(config_path), "--listen", address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1
+    (said,) = done.stderr.splitlines()
+    assert said.startswith(f"Error: cannot listen on {address}: "), said
+    if ":" not in address or address.endswith("99999"):
+        assert said.endswith("not HOST:PORT with a port from 0 to 65535"), said
+
+
 def store_that_is_not_a_file(path: Path) -> Path:
     path.mkdir()
     return path

@@ -7,8 +7,8 @@ import os
 import click
 
 from warden.shared.tls import TLS, TLSConfigError
-from warden_server.cli.common import CONFIG_OPTION, load
-from warden_server.console import ConsoleConfigError, console_of, run
+from warden_server.cli.common import CONFIG_OPTION, checked_target, load
+from warden_server.console import ConsoleConfigError, bind, console_of, run
 
 
 @click.command("console")
@@ -17,6 +17,7 @@ from warden_server.console import ConsoleConfigError, console_of, run
 @click.option(
     "--target",
     metavar="HOST:PORT",
+    callback=checked_target,
     help="The plane (default: [console] target, else [server] listen).",
 )
 def console(config_path: str, listen: str | None, target: str | None) -> None:
@@ -33,12 +34,16 @@ def console(config_path: str, listen: str | None, target: str | None) -> None:
     except TLSConfigError as exc:
         raise click.ClickException(str(exc)) from None
     address = listen or config.console.listen
+    try:
+        sock = bind(address)
+    except ConsoleConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     state = console_of(config, target=target, tls=tls)
     scheme = "https" if config.console.tls_cert_file else "http"
     click.echo(
         f"console on {scheme}://{address}, asking the plane at {state.plane.target}", err=True
     )
     try:
-        run(config, state, address)
+        run(config, state, sock)
     except ConsoleConfigError as exc:
         raise click.ClickException(str(exc)) from None

@@ -2,12 +2,20 @@
 a browser, through the plane's gRPC APIs with each person's own token."""
 
 from warden_server.console.app import Console, build_app
-from warden_server.console.serving import ConsoleConfigError, RunningConsole, console_of, run, start
+from warden_server.console.serving import (
+    ConsoleConfigError,
+    RunningConsole,
+    bind,
+    console_of,
+    run,
+    start,
+)
 
 __all__ = [
     "Console",
     "ConsoleConfigError",
     "RunningConsole",
+    "bind",
     "build_app",
     "console_of",
     "run",

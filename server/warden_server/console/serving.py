@@ -55,8 +55,16 @@ def console_of(config: Config, *, target: str | None = None, tls: TLS | None = N
 
 
 def bind(listen: str) -> socket.socket:
-    """A listening socket on ``host:port`` (port 0 picks one)."""
-    host, _, port = listen.rpartition(":")
+    """A listening socket on ``host:port`` (port 0 picks one).
+
+    Raises:
+        ConsoleConfigError: ``listen`` is not HOST:PORT, or cannot be bound.
+    """
+    host, colon, port = listen.rpartition(":")
+    if not (colon and port.isdigit() and int(port) < 65_536):
+        raise ConsoleConfigError(
+            f"cannot listen on {listen}: not HOST:PORT with a port from 0 to 65535"
+        )
     host = host.strip("[]") or "127.0.0.1"
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -90,9 +98,8 @@ def _server(config: Config, console: Console) -> uvicorn.Server:
     return uvicorn.Server(settings)
 
 
-def run(config: Config, console: Console, listen: str) -> None:
-    """Serve in the foreground until interrupted."""
-    sock = bind(listen)
+def run(config: Config, console: Console, sock: socket.socket) -> None:
+    """Serve on ``sock`` (from ``bind``) in the foreground until interrupted."""
     server = _server(config, console)
     try:
         server.run(sockets=[sock])
