@@ -127,6 +127,15 @@ def test_datasette_shows_only_the_audit_tables(db: Path) -> None:
         assert _tables_read(db, canned["sql"]) <= AUDIT_TABLES, name
 
 
+def test_the_front_page_links_every_table_and_canned_query_it_shows() -> None:
+    """The database page is denied with the rest, so a table or a canned query
+    the front page does not link is reachable only by typing its address."""
+    database = DATASETTE["databases"]["warden"]
+    shown = {*database["tables"], *database["queries"]}
+    linked = set(re.findall(r'href="/warden/([a-z_]+)"', DATASETTE["description_html"]))
+    assert linked == shown
+
+
 def test_the_docs_say_that_reading_the_file_bypasses_tenant_scoping() -> None:
     section = DOC.split("## Browsing with Datasette", 1)[1].split("\n## ", 1)[0]
     datasette = " ".join(section.split())

@@ -349,6 +349,18 @@ def test_the_cli_reports_refusals_in_one_line(seeded: Plant) -> None:
     assert missing.exit_code == 2 and "--token" in missing.output
 
 
+def test_verify_that_could_not_check_exits_3_never_a_verdict_s_status(seeded: Plant) -> None:
+    """``verify`` exits 1 for tampered and 2 for damaged: a refusal (here a
+    tenant's auditor, where verifying needs auditor:all) left the log
+    unchecked, and says so with 3, whatever status click would give."""
+    token = seeded.token(sub="ann", roles=("auditor",), tenant="acme")
+    refused = cli("audit", "verify", "--target", seeded.target, "--token", token)
+    assert refused.exit_code == 3
+    assert "answered PERMISSION_DENIED" in refused.output and "auditor:all" in refused.output
+    unusable = cli("audit", "verify", "--target", seeded.target, "--anchor", "1:nope")
+    assert unusable.exit_code == 3 and "SEQ:HASH" in unusable.output
+
+
 # -- scheduled retention --------------------------------------------------------------
 
 

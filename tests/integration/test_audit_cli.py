@@ -469,7 +469,7 @@ def test_si4_after_retention_a_deleted_checkpoint_shows_the_gap(db: Path, key: P
 def test_after_retention_verify_without_the_key_says_what_it_needs(db: Path, key: Path) -> None:
     prune(db, key, auditlog.ts(10))
     result = audit(db, "verify", ok=False)
-    assert result.exit_code == 1
+    assert result.exit_code == 3  # not verified: neither tampered (1) nor damaged (2)
     assert "pruned through seq 10" in result.output and "checkpoint_key_file" in result.output
 
 

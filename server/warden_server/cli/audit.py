@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Final, NoReturn, TypeVar
 
 import click
 
@@ -225,7 +225,43 @@ def audit_stats(groupings: tuple[str, ...], as_json: bool, **values: Any) -> Non
         _stats_table(stats)
 
 
-@audit.command("verify")
+NOT_VERIFIED: Final = 3
+"""``verify``'s exit status when it could not check the log at all."""
+
+
+class _NotVerified(click.ClickException):
+    """An error of ``verify`` that left the log unchecked, shown as it was."""
+
+    exit_code = NOT_VERIFIED
+
+    def __init__(self, error: click.ClickException) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+    def show(self, file: Any = None) -> None:
+        self.error.show(file)
+
+
+class _VerdictCommand(click.Command):
+    """A command whose exit statuses 1 and 2 are verdicts (tampered, damaged):
+    any error that left the log unchecked (a usage mistake, which click would
+    end with 2, a plane that refused, a key that is missing) ends with
+    ``NOT_VERIFIED`` instead, so a script never reads it as a verdict."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.ClickException as exc:
+            raise _NotVerified(exc) from exc
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            raise _NotVerified(exc) from exc
+
+
+@audit.command("verify", cls=_VerdictCommand)
 @source_options
 @click.option(
     "--public-key",
@@ -253,7 +289,8 @@ def audit_verify(
     """Walk the hash chain; name the first bad sequence number.
 
     Exit status: 0 intact, 1 tampered (a record or an anchor), 2 the store file
-    is corrupt (SQLite cannot read it).
+    is corrupt (SQLite cannot read it), 3 not verified (the command could not
+    check: a usage mistake, a refusal, a missing key).
     """
     try:
         expected = [Anchor.parse(text) for text in anchors]
