@@ -100,7 +100,7 @@ class GrantSigner:
         """
         if create and not signing.exists():
             create_key_file(signing)
-        private = _private_key(signing.read_bytes(), str(signing))
+        private = _private_key(_read(signing, "[grants] signing_key_file"), str(signing))
         return cls(private, _verification_keys(verification))
 
     def published(self) -> list[PublishedKey]:
@@ -168,11 +168,24 @@ def _private_key(pem: bytes, source: str) -> Ed25519PrivateKey:
     return key
 
 
+def _read(path: Path, setting: str) -> bytes:
+    """A key file's bytes.
+
+    Raises:
+        OSError: it cannot be read; the message names the file and its setting.
+    """
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise OSError(f"{path}: cannot read this key ({setting}): {exc.strerror or exc}") from None
+
+
 def _verification_keys(paths: Sequence[Path]) -> list[Ed25519PublicKey]:
     published = []
     for path in paths:
+        pem = _read(path, "[grants] verification_key_files")
         try:
-            published.append(grant_token.load_public_key(path.read_bytes()))
+            published.append(grant_token.load_public_key(pem))
         except ValueError as exc:
             raise ValueError(f"{path}: not an Ed25519 verification key ({exc})") from None
     return published

@@ -243,6 +243,22 @@ def test_a_verification_key_file_that_is_not_ed25519_is_named(
         launch(grants={"verification_key_files": [str(bad)]})
 
 
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("signing_key_file", "keys/nope.pem"),
+        ("verification_key_files", ["keys/nope.pem"]),
+    ],
+)
+def test_a_key_file_that_cannot_be_read_is_named_with_its_setting(
+    launch: Callable[..., Plant], setting: str, value: object
+) -> None:
+    with pytest.raises(
+        OSError, match=rf"nope\.pem: cannot read this key \(\[grants\] {setting}\): No such file"
+    ):
+        launch(grants={setting: value})
+
+
 def test_grants_expire_by_the_clock_of_the_plane(pay_plant: Plant) -> None:
     response = granted(pay_plant)
     claims = jwt.decode(response.grant.token, options={"verify_signature": False})
