@@ -84,4 +84,10 @@ def _public_keys(keys: Iterable[GrantKey] | Mapping[str, str]) -> dict[str, Ed25
     pairs = (
         keys.items() if isinstance(keys, Mapping) else ((k.key_id, k.public_key_pem) for k in keys)
     )
-    return {kid: grant_token.load_public_key(pem) for kid, pem in pairs}
+    loaded = {}
+    for kid, pem in pairs:
+        try:
+            loaded[kid] = grant_token.load_public_key(pem)
+        except ValueError as exc:
+            raise ValueError(f"grant key {kid!r}: {exc}") from None
+    return loaded

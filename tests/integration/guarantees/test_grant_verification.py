@@ -182,6 +182,15 @@ def test_verify_grant_needs_exactly_one_of_input_and_digest(
         warden.verify_grant(token, keys, capability_id="orders.forward")
 
 
+def test_verify_grant_names_the_key_that_is_not_a_key(
+    forwarded: tuple[warden.Envelope, str, list[warden.GrantKey]],
+) -> None:
+    _, token, _ = forwarded
+    broken = {"k-2026": "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"}
+    with pytest.raises(ValueError, match=r"^grant key 'k-2026': "):
+        warden.verify_grant(token, broken, capability_id="orders.forward", input={})
+
+
 def test_grant_keys_are_public_and_name_the_signing_key(pay_plant: Plant) -> None:
     with grpc.insecure_channel(pay_plant.target) as channel:
         response = grants_pb2_grpc.GrantKeysStub(channel).ListGrantKeys(
