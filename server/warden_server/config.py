@@ -36,6 +36,8 @@ class _Section(BaseModel):
 
 
 STORE_SCHEMES: Final = ("postgresql", "postgres")
+URL_SCHEME: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+"""A store that starts with a scheme is a URL, whatever the scheme, never a path."""
 """URL schemes of a PostgreSQL store."""
 POSTGRES_FILES: Final = "var/warden"
 
@@ -107,7 +109,7 @@ class ServerSection(_Section):
     def _store_is_supported(self) -> ServerSection:
         # Any other "scheme:..." would be taken as a relative path: a
         # "mysql:" folder beside the config, quietly shared by replicas.
-        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):", self.store)
+        scheme = URL_SCHEME.match(self.store)
         if scheme is None:
             return self
         if scheme.group(1) not in STORE_SCHEMES:

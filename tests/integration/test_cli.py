@@ -619,6 +619,28 @@ def test_serve_with_an_unusable_listen_address_is_a_clear_error(
 
 
 @pytest.mark.fixed_processes
+def test_serve_takes_a_store_url_on_the_command_line_as_a_url(tmp_path: Path) -> None:
+    """--store postgresql://... is the database, not a path under the current
+    folder where the plane would make a SQLite file (and its keys)."""
+    config_path = write_config(tmp_path / "cli")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    url = f"postgresql://warden@127.0.0.1:{port}/warden"
+    done = subprocess.run(
+        [*warden_command(), "serve", "--config", str(config_path), "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1
+    assert f"Error: {url}: cannot connect" in done.stderr, done.stderr
+    assert not (tmp_path / "postgresql:").exists()
+
+
+@pytest.mark.fixed_processes
 @pytest.mark.parametrize("address", ["nonsense", "127.0.0.1:99999", "taken"])
 def test_console_with_an_unusable_listen_address_is_a_clear_error(
     tmp_path: Path, address: str

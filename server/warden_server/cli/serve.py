@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Literal
 import click
 
 from warden_server.cli.common import CONFIG_OPTION, load
+from warden_server.config import URL_SCHEME
 from warden_server.stopping import StopRequest
 
 if TYPE_CHECKING:
@@ -22,7 +23,9 @@ if TYPE_CHECKING:
 @click.command()
 @CONFIG_OPTION
 @click.option("--listen", help="host:port to serve on (overrides [server] listen).")
-@click.option("--store", help="SQLite store path (overrides [server] store).")
+@click.option(
+    "--store", help="The SQLite store file or postgresql:// URL (overrides [server] store)."
+)
 @click.option("--policies", help="Policy folder (overrides [server] policies).")
 @click.option(
     "--metrics-listen",
@@ -58,11 +61,12 @@ def serve(
     log_format: Literal["text", "json"] | None,
 ) -> None:
     """Serve the plane until interrupted."""
-    # Paths given on the command line are relative to where the command runs.
+    # Paths given on the command line are relative to where the command runs;
+    # a URL (postgresql://..., or a scheme the config then refuses) is no path.
     config = load(
         config_path,
         listen=listen,
-        store=str(Path(store).resolve()) if store else None,
+        store=store if store is None or URL_SCHEME.match(store) else str(Path(store).resolve()),
         policies=str(Path(policies).resolve()) if policies else None,
         processes=str(processes) if processes else None,
     )
