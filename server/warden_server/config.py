@@ -169,7 +169,11 @@ class ServiceSection(_Section):
     @model_validator(mode="after")
     def _one_credential(self) -> ServiceSection:
         if bool(self.token) == bool(self.token_sha256):
-            raise ValueError("set exactly one of token or token_sha256")
+            raise ValueError(
+                "set exactly one of token or token_sha256 (or give the token in the "
+                "environment as WARDEN_SERVICE_<NAME>_TOKEN, NAME this section's name in "
+                "capitals, '-' as '_')"
+            )
         if self.token_sha256 and not re.fullmatch(r"[0-9a-f]{64}", self.token_sha256):
             raise ValueError("token_sha256 must be 64 lowercase hex digits")
         return self

@@ -103,6 +103,7 @@ def test_unknown_key_names_its_path(data: dict[str, Any], path: str) -> None:
 def test_exactly_one_of_token_and_token_sha256(service: dict[str, Any]) -> None:
     message = config_error(minimal(orders=service))
     assert "services.orders: set exactly one of token or token_sha256" in message
+    assert "WARDEN_SERVICE_<NAME>_TOKEN" in message  # where else a token may come from
 
 
 def test_token_sha256_must_be_a_hex_digest() -> None:
