@@ -411,3 +411,23 @@ def _policy_status(port: int, token: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(result.stdout)
     data["answering"] = next((r["id"] for r in data["replicas"] if r["answering"]), "")
     return data
+
+
+def test_only_the_leading_replica_publishes_anchors_even_as_it_stops(
+    replicas: Callable[..., list[Plant]], tmp_path: Path
+) -> None:
+    """Anchors are the cluster's periodic work, done by the replica holding the
+    leader lock: one that does not lead publishes nothing, at stop included."""
+    anchors = tmp_path / "shared.anchors"
+    plants = replicas(
+        write_lab_policies(tmp_path / "policies"), audit={"anchor_file": str(anchors)}
+    )
+    leading = [p for p in plants if p.server.plane.store.leads()]
+    assert len(leading) == 1
+    for plant in plants:
+        if plant is not leading[0]:
+            plant.server.stop(grace=0)
+    assert not anchors.exists() or anchors.read_text() == ""
+    leading[0].server.stop(grace=0)
+    (line,) = anchors.read_text().splitlines()
+    assert json.loads(line)["seq"] >= 1

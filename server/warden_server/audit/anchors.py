@@ -195,7 +195,8 @@ class AnchorPublisher:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-        self.publish()  # the head at stop, so the newest records are covered too
+        if self._store.leads():  # the head at stop, so the newest records are covered too
+            self.publish()
 
     def publish(self) -> PublishedAnchor | None:
         """Append the head now, unless it is the one published last."""
