@@ -5,6 +5,7 @@ with nothing lost and one chain that verifies."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -431,3 +432,32 @@ def test_only_the_leading_replica_publishes_anchors_even_as_it_stops(
     leading[0].server.stop(grace=0)
     (line,) = anchors.read_text().splitlines()
     assert json.loads(line)["seq"] >= 1
+
+
+def test_approval_reads_fail_unavailable_within_a_deadline_while_the_database_is_down(
+    replicas: Callable[..., list[Plant]], tmp_path: Path, postgres_url: str, postgres_server: Any
+) -> None:
+    """Reads fail as writes do when the database cannot be reached: UNAVAILABLE,
+    before a caller's deadline, not a wait on the reader pool that outlives it."""
+    plant = replicas(write_lab_policies(tmp_path / "policies"))[0]
+    name = psycopg.conninfo.conninfo_to_dict(postgres_url)["dbname"]
+    admin = postgres_server.url()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+        )
+    try:
+        token = plant.token(sub="mia", roles=("manager",))
+        with contextlib.closing(
+            warden.Approvals(plant.target, token=token, timeout_ms=20_000)
+        ) as approvals:
+            # The first read may meet a pooled connection the database cut; the
+            # next waits for the pool to connect again.
+            for _ in range(2):
+                with pytest.raises(warden.ApprovalError) as raised:
+                    approvals.list()
+                assert raised.value.status == "UNAVAILABLE", raised.value
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')

@@ -71,6 +71,10 @@ SCHEMES: Final = ("postgresql", "postgres")
 """URL schemes of a PostgreSQL store."""
 LEADER_LOCK: Final = 0x57415244454E4C44
 """The advisory lock whose holder runs the cluster's periodic work."""
+READ_WAIT_S: Final = 3.0
+"""How long a read waits for a connection of the reader pool. With the
+database down, the pool has none to give: a read then fails after this long
+(UNAVAILABLE) within the SDK's 5 s governance timeout, not after psycopg's 30 s."""
 _PURGE_BATCH = 100
 
 
@@ -468,7 +472,7 @@ class PostgresStore:
                 max_size=readers,
                 kwargs={"autocommit": True, "row_factory": dict_row},
                 open=True,
-                timeout=30,
+                timeout=READ_WAIT_S,
                 name="warden-readers",
             )
         except BaseException:
