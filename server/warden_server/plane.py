@@ -201,6 +201,8 @@ class Plane:
         # Other processes, or other replicas, write to the same store.
         shared = config.process_count > 1 or config.store_url is not None
         try:
+            if config.store_url is not None:  # replicas, perhaps on other hosts
+                _agree_on_keys(config, store, grants, sealer)
             registry = Registry(store, config.limits)
             telemetry.metrics.declared_codes = registry.declared_codes
             policies = PolicyHolder(load_at_start(config, store, registry, joining=joined))
@@ -249,6 +251,25 @@ class Plane:
         self.audit_reads.close()
         self.store.close()
         self.telemetry.close()
+
+
+def _agree_on_keys(config: Config, store: Store, grants: GrantSigner, sealer: Sealer) -> None:
+    """Refuse to serve a PostgreSQL store with a grant key or replay key the
+    other replicas on it do not share (``PostgresStore.agree_on_keys``).
+
+    Raises:
+        StoreError: a key differs.
+    """
+    from warden_server.store.postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    key_file = config.grants.signing_key_file
+    store.agree_on_keys(
+        signing=grants.key_id,
+        published=[key.key_id for key in grants.published()],
+        replay_check=sealer.fingerprint(),
+        where=str(config.path(key_file) if key_file else default_key_path(config.store_path)),
+    )
 
 
 def load_checkpoint_key(config: Config) -> CheckpointVerifier | None:

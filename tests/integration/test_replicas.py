@@ -37,6 +37,7 @@ from warden_server.audit.reader import verify
 from warden_server.auth.actors import mint_token
 from warden_server.config import load_config
 from warden_server.plane import Plane
+from warden_server.store import StoreError
 
 # Every replica is a plane of one process (set below), so these run once
 # whatever counts WARDEN_TEST_PROCESSES lists.
@@ -461,3 +462,39 @@ def test_approval_reads_fail_unavailable_within_a_deadline_while_the_database_is
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+
+def test_a_replica_with_a_grant_or_replay_key_of_its_own_is_refused(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Each replica keeps its keys in files beside it (``var/warden.*``). One
+    that made a grant key of its own would sign grants the others refuse the
+    outcomes of; one with another replay key could not open their replays.
+    Both are refused at start, in one line; a rotation that lists the new key
+    on every replica first is not."""
+
+    def config(folder: str, **grants: Any) -> Any:
+        made = make_config(tmp_path / folder, store=postgres_url, processes=1)
+        return made.model_copy(update={"grants": made.grants.model_copy(update=grants)})
+
+    def copy(name: str, to: str) -> None:
+        (tmp_path / to / "var").mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp_path / "a" / "var" / f"warden.{name}", tmp_path / to / "var")
+
+    Plane.from_config(config("a")).close()
+    copy("integrity-key", "b")  # the one key the database itself checks
+    with pytest.raises(StoreError, match=r"grant key .* is not a grant key the other replicas"):
+        Plane.from_config(config("b"))
+    copy("grant-key", "b")
+    with pytest.raises(StoreError, match=r"the idempotency replay key .* is not the one"):
+        Plane.from_config(config("b"))
+    copy("replay-key", "b")
+    Plane.from_config(config("b")).close()
+    # Rotation: the new key (c's own) is accepted by a replica first, then signs.
+    copy("integrity-key", "c")
+    copy("replay-key", "c")
+    new_key = tmp_path / "c" / "var" / "warden.grant-key"
+    with pytest.raises(StoreError, match="is not a grant key"):
+        Plane.from_config(config("c"))
+    Plane.from_config(config("a", verification_key_files=[str(new_key)])).close()
+    Plane.from_config(config("c")).close()

@@ -524,6 +524,50 @@ class PostgresStore:
                 )
         return seal
 
+    def agree_on_keys(
+        self, *, signing: str, published: Sequence[str], replay_check: str, where: str
+    ) -> None:
+        """Refuse to serve with keys the other replicas on this database do not
+        share: a grant signing key none of them accepts (the outcomes reported
+        to them would be refused), or another idempotency replay key (their
+        replays would not open here). ``signing`` and ``published`` are key ids
+        (the signing key and every key this replica accepts), ``replay_check``
+        a fingerprint of the replay key, ``where`` the signing key's file.
+
+        The database keeps every grant key id a replica has accepted: a
+        rotation lists the new key as a verification key on every replica
+        first (docs/grants.md), and the new key is then known when it signs.
+
+        Raises:
+            StoreError: a key is not the one the other replicas use.
+        """
+        conn = self._write_conn
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (LEADER_LOCK + 1,))
+            rows = conn.execute(
+                "SELECT name, value FROM store_meta WHERE name IN ('grant_keys', 'replay_key')"
+            ).fetchall()
+            found = {row["name"]: row["value"] for row in rows}
+            known = set(found["grant_keys"].split(",")) if "grant_keys" in found else set()
+            if known and signing not in known:
+                raise StoreError(
+                    f"{where} (grant key {signing}) is not a grant key the other replicas on "
+                    "this database accept: copy the signing key file from another replica, "
+                    "or rotate by listing the new key in every replica's [grants] "
+                    "verification_key_files first"
+                )
+            if found.get("replay_key", replay_check) != replay_check:
+                raise StoreError(
+                    "the idempotency replay key ([idempotency] replay_key, or the "
+                    "replay-key file beside the store) is not the one the other replicas "
+                    "on this database seal replays with: give every replica the same key"
+                )
+            conn.execute(
+                "INSERT INTO store_meta (name, value) VALUES ('grant_keys', %s), "
+                "('replay_key', %s) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+                (",".join(sorted(known | {signing, *published})), replay_check),
+            )
+
     # -- writing -----------------------------------------------------------
 
     def transact(
