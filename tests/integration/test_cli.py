@@ -1088,7 +1088,7 @@ def test_audit_verify_names_the_first_missing_record(audited: Plant) -> None:
 def test_audit_verify_on_a_missing_store_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "missing.db"
     result = run("audit", "verify", "--store", str(missing))
-    assert result.exit_code == 1
+    assert result.exit_code == 3  # not verified: no verdict on a log it never read
     assert f"{missing}: no such store" in result.stderr
     assert not missing.exists()
 
@@ -1098,7 +1098,8 @@ def test_audit_verify_on_a_folder_says_so_and_does_not_call_it_corrupt(tmp_path:
     folder = tmp_path / "warden.db"
     folder.mkdir()
     result = run("audit", "verify", "--store", str(folder))
-    assert result.exit_code == 1, result.stderr  # 2 would say the file is damaged
+    # Not verified (3): 1 would say tampered, 2 that the file is damaged.
+    assert result.exit_code == 3, result.stderr
     assert result.stderr.strip() == f"Error: {folder}: not a store: it is a folder, not a file"
 
 
