@@ -207,7 +207,16 @@ export class Runtime {
     surface?: Surface;
     context?: JsonObject;
   }): Promise<DiscoveredCapability[]> {
-    await this.ensureRegistered();
+    try {
+      await this.ensureRegistered();
+    } catch (error) {
+      // As for a governed call: the plane could not be asked (down, or it
+      // refused this service's registration); the cause says which.
+      throw new CapabilityError("GOVERNANCE_UNAVAILABLE", undefined, {
+        retryable: error instanceof WardenError && error.transient,
+        cause: error,
+      });
+    }
     const found = await this.transport.listCapabilities(
       options.actor ?? "",
       options.surface ?? "direct",

@@ -13,6 +13,7 @@ import { z } from "zod";
 import { Governor } from "../../src/gen/warden/v1/governor_pb.js";
 import { uuid7 } from "../../src/ids.js";
 import {
+  CapabilityError,
   type Envelope,
   type Json,
   NO_RETRY,
@@ -251,6 +252,23 @@ describe("a TypeScript service on a real plane", () => {
     );
     assert.equal(keyed.attempt, 3);
     assert.equal(ran.look, undefined);
+    // Discovery (and so the adapters' tool lists) fails closed the same way.
+    await assert.rejects(
+      service("127.0.0.1:9").discover({ actor }),
+      (error: unknown) =>
+        error instanceof CapabilityError &&
+        error.code === "GOVERNANCE_UNAVAILABLE" &&
+        error.retryable === true,
+    );
+    await assert.rejects(
+      new Runtime(target, { service: "billing", token: "not-the-token" })
+        .capability({ id: "billing.nothing", input: amountIn, output: object }, () => ({}))
+        .discover({ actor }),
+      (error: unknown) =>
+        error instanceof CapabilityError &&
+        error.code === "GOVERNANCE_UNAVAILABLE" &&
+        error.retryable === false,
+    );
   });
 
   test("more capabilities than one Register call takes are registered in several", async () => {
