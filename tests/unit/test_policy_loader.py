@@ -100,7 +100,33 @@ def test_unknown_key_is_reported_on_its_line(tmp_path: Path) -> None:
 
 def test_unknown_top_level_key(tmp_path: Path) -> None:
     folder = write(tmp_path / "p", a_yaml="rulez: []\n")
-    assert problems_of(folder) == [f"{folder}/a.yaml:1:1: rulez: unknown key"]
+    assert problems_of(folder) == [
+        f"{folder}/a.yaml:1:1: rulez: unknown key (did you mean 'rules'?)"
+    ]
+
+
+def test_an_unknown_key_names_the_key_it_most_resembles_where_it_stands(tmp_path: Path) -> None:
+    """In a rule, a limit, or nowhere near any known key."""
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            "rules:\n"
+            "  - id: r\n"
+            '    capabilities: ["orders.x"]\n'
+            "    effect: allow\n"
+            "    whne: 'true'\n"
+            "limits:\n"
+            "  - id: l\n"
+            '    capabilities: ["orders.x"]\n'
+            "    rat: 10/min\n"
+            "    zzzz: 1\n"
+        ),
+    )
+    assert [p.split(": ", 1)[1] for p in problems_of(folder)] == [
+        "rules[0].whne: unknown key (did you mean 'when'?)",
+        "limits[0].rat: unknown key (did you mean 'rate'?)",
+        "limits[0].zzzz: unknown key",
+    ]
 
 
 def test_missing_capabilities_and_effect_are_both_reported(tmp_path: Path) -> None:

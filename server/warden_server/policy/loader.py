@@ -10,13 +10,14 @@ is checked and what runs.
 from __future__ import annotations
 
 import bisect
+import difflib
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from warden_server.policy import typecheck, variables, yamlpos
 from warden_server.policy.cel import CelPythonEvaluator, CompileError, Evaluator, Program
@@ -232,18 +233,46 @@ def load_policies(
 
 
 def validation_problems(
-    file: str, document: yamlpos.Document, error: ValidationError, prefix: yamlpos.Path = ()
+    file: str,
+    document: yamlpos.Document,
+    error: ValidationError,
+    prefix: yamlpos.Path = (),
+    model: type[BaseModel] | None = None,
 ) -> list[Problem]:
-    """A pydantic validation error as problems, each at its place in the document."""
+    """A pydantic validation error as problems, each at its place in the
+    document; an unknown key of ``model`` (the document's) names the key it
+    most resembles."""
     problems = []
     for item in error.errors():
         loc: yamlpos.Path = (*prefix, *item["loc"])
         unknown = item["type"] == "extra_forbidden"
         position = document.key_position(loc) if unknown else document.position(loc)
-        problems.append(
-            Problem(file, position.line, position.column, dotted(loc), _pydantic_message(item))
-        )
+        message = _pydantic_message(item)
+        if unknown and model is not None:
+            message += _did_you_mean(model, tuple(item["loc"]))
+        problems.append(Problem(file, position.line, position.column, dotted(loc), message))
     return problems
+
+
+def _did_you_mean(model: type[BaseModel], loc: tuple[str | int, ...]) -> str:
+    """`` (did you mean 'x'?)`` for a mistyped key at ``loc`` in ``model``."""
+    kind: Any = model
+    for part in loc[:-1]:
+        while get_origin(kind) is Annotated:
+            kind = get_args(kind)[0]
+        if isinstance(part, int) and get_origin(kind) is list:
+            kind = get_args(kind)[0]
+        elif isinstance(kind, type) and issubclass(kind, BaseModel) and isinstance(part, str):
+            field = kind.model_fields.get(part)
+            kind = field.annotation if field is not None else None
+        else:
+            return ""
+    while get_origin(kind) is Annotated:
+        kind = get_args(kind)[0]
+    if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(kind.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def dotted(path: Sequence[Any]) -> str:
@@ -410,7 +439,9 @@ class _FileChecker:
         try:
             parsed = PolicyFile.model_validate(data)
         except ValidationError as exc:
-            self.problems.extend(validation_problems(self.file, self.document, exc))
+            self.problems.extend(
+                validation_problems(self.file, self.document, exc, model=PolicyFile)
+            )
             if isinstance(data, Mapping):
                 self._definitions(data.get("constants"), data.get("variables"))
             self._check_what_parsed(data, exc)

@@ -244,7 +244,7 @@ def _valid_cases(
     try:
         parsed = PolicyTestFile.model_validate(data)
     except ValidationError as exc:
-        problems.extend(validation_problems(file, document, exc))
+        problems.extend(validation_problems(file, document, exc, model=PolicyTestFile))
         raw_cases = data.get("tests") if isinstance(data, dict) else None
         if not isinstance(raw_cases, list):
             return []
