@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import sqlite3
 import subprocess
 import sys
@@ -124,3 +125,19 @@ def test_audit_tail_after_prints_only_newer_records_of_the_auditors_tenant(
     assert rows and all(row["seq"] > first for row in rows)
     assert {row["tenant"] for row in rows} == {"acme"}
     assert [row["seq"] for row in rows] == sorted(row["seq"] for row in rows)
+
+
+def test_audit_tail_after_a_seq_past_the_newest_says_so(plant: Any, orders: warden.Runtime) -> None:
+    """A SEQ from another log, or mistyped, would skip every record up to it
+    in silence: it is said once, on stderr."""
+    acme = plant.token(sub="bot-7", roles=("support",), tenant="acme")
+    assert orders.invoke("orders.get", {"order_id": "A1"}, actor=acme).status == "succeeded"
+    auditor = plant.token(sub="ada", roles=("auditor",), tenant="acme")
+    newest = max(row["seq"] for row in plant.events(tenant="acme"))
+    process = tail_process(plant.target, auditor, "--after", "999999")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert out == ""
+    said = re.search(r"--after 999999 is past the newest record it can read \(seq (\d+)\)", err)
+    assert said is not None, err
+    assert int(said.group(1)) >= newest  # the tail's own access record may be newer

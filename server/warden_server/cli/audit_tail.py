@@ -70,12 +70,21 @@ def tail(
     position = after
     backoff = interval_s
     source: AuditSource | None = None
+    told = False
     while True:
         try:
             if source is None:
                 source = open_source()
             if position is None:
                 position = head(source, f)
+            elif not told:
+                told = True
+                newest = head(source, AuditFilter())
+                if position > newest:  # a SEQ from another log, or mistyped
+                    note(
+                        f"--after {position} is past the newest record it can read "
+                        f"(seq {newest}): records up to seq {position} will not be printed"
+                    )
             for row in newer_than(source, f, position):
                 yield row
                 position = int(row["seq"])
