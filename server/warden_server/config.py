@@ -614,7 +614,7 @@ def _problem(
     setting = ".".join(str(part) for part in loc) or "(top level)"
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        message = "unknown setting" + _did_you_mean(loc)
+        message = "unknown setting" + did_you_mean(Config, loc)
     # A section's own check that names one of its keys is about that key.
     named = next(
         (
@@ -636,17 +636,23 @@ def _problem(
     return f"{where}{setting}: {message}"
 
 
-def _did_you_mean(loc: tuple[str | int, ...]) -> str:
-    """`` (did you mean 'x'?)`` for a mistyped key of a known section."""
-    kind: object = Config
+def did_you_mean(model: type[BaseModel], loc: tuple[str | int, ...]) -> str:
+    """`` (did you mean 'x'?)`` for a mistyped key at ``loc`` in ``model``
+    (this config, a policy file, a policy test file), or "" when no key of
+    the model found there is close."""
+    kind: object = model
     for part in loc[:-1]:
+        while typing.get_origin(kind) is typing.Annotated:
+            kind = typing.get_args(kind)[0]
         if isinstance(kind, type) and issubclass(kind, BaseModel):
             field = kind.model_fields.get(str(part))
             kind = field.annotation if field is not None else None
         elif typing.get_origin(kind) in (dict, list):
-            kind = typing.get_args(kind)[-1]  # a service's name, a webhook's index
+            kind = typing.get_args(kind)[-1]  # a service's name, a rule's index
         else:
             return ""
+    while typing.get_origin(kind) is typing.Annotated:
+        kind = typing.get_args(kind)[0]
     if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
         return ""
     close = difflib.get_close_matches(str(loc[-1]), list(kind.model_fields), n=1)

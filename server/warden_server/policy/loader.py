@@ -10,15 +10,15 @@ is checked and what runs.
 from __future__ import annotations
 
 import bisect
-import difflib
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, get_args, get_origin
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from warden_server.config import did_you_mean
 from warden_server.policy import typecheck, variables, yamlpos
 from warden_server.policy.cel import CelPythonEvaluator, CompileError, Evaluator, Program
 from warden_server.policy.definitions import Definitions, Expansion, identity, line_column
@@ -249,30 +249,9 @@ def validation_problems(
         position = document.key_position(loc) if unknown else document.position(loc)
         message = _pydantic_message(item)
         if unknown and model is not None:
-            message += _did_you_mean(model, tuple(item["loc"]))
+            message += did_you_mean(model, tuple(item["loc"]))
         problems.append(Problem(file, position.line, position.column, dotted(loc), message))
     return problems
-
-
-def _did_you_mean(model: type[BaseModel], loc: tuple[str | int, ...]) -> str:
-    """`` (did you mean 'x'?)`` for a mistyped key at ``loc`` in ``model``."""
-    kind: Any = model
-    for part in loc[:-1]:
-        while get_origin(kind) is Annotated:
-            kind = get_args(kind)[0]
-        if isinstance(part, int) and get_origin(kind) is list:
-            kind = get_args(kind)[0]
-        elif isinstance(kind, type) and issubclass(kind, BaseModel) and isinstance(part, str):
-            field = kind.model_fields.get(part)
-            kind = field.annotation if field is not None else None
-        else:
-            return ""
-    while get_origin(kind) is Annotated:
-        kind = get_args(kind)[0]
-    if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
-        return ""
-    close = difflib.get_close_matches(str(loc[-1]), list(kind.model_fields), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def dotted(path: Sequence[Any]) -> str:
