@@ -1118,6 +1118,25 @@ def test_audit_commands_on_a_file_that_is_not_a_store_are_a_clear_error(
     assert bogus.read_text() == "not a database at all\n"
 
 
+@pytest.mark.fixed_processes
+@pytest.mark.parametrize("command", ["verify", "query", "head", "stats"])
+def test_audit_commands_leave_a_database_no_plane_made_untouched(
+    tmp_path: Path, command: str
+) -> None:
+    """Someone else's SQLite database given as --store: refused in one line,
+    and not a byte of it (or beside it) written; verify does not call it intact."""
+    other = tmp_path / "other.db"
+    with contextlib.closing(sqlite3.connect(other)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.commit()
+    before = other.read_bytes()
+    result = CliRunner().invoke(main, ["audit", command, "--store", str(other)])
+    assert result.exit_code == (3 if command == "verify" else 1), result.output
+    assert f"{other}: not a Warden store" in result.stderr
+    assert other.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
 def test_audit_query_json_lines_have_the_column_names_as_keys(audited: Plant) -> None:
     result = run("audit", "query", "--store", str(audited.db_path), "--json", "--kind", "decision")
     assert result.exit_code == 0, result.output

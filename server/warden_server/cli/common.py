@@ -4,7 +4,9 @@ refused or never answered."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -99,11 +101,25 @@ def _open_postgres(url: str, files: Path) -> Store:
 
 def check_store_file(path: Path) -> None:
     """Fail with one line unless ``path`` is a file: a command that reads a
-    store never makes one, and a folder is not a damaged store."""
+    store never makes one, and a folder is not a damaged store. A SQLite
+    database that no plane made (no Warden schema in it) is refused before
+    anything writes to it: opening it as a store would add Warden's tables
+    and key files to someone else's database. A file SQLite cannot read at
+    all is left to the caller (``verify`` calls it damaged)."""
     if not path.exists():
         raise click.ClickException(f"{path}: no such store")
     if path.is_dir():
         raise click.ClickException(f"{path}: not a store: it is a folder, not a file")
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.DatabaseError:
+        return
+    if version == 0:
+        raise click.ClickException(
+            f"{path}: not a Warden store: a SQLite database with no Warden schema in it "
+            "(give the store file a plane serves, [server] store)"
+        )
 
 
 def open_store_file(path: Path) -> SQLiteStore:
