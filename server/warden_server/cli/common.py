@@ -4,9 +4,7 @@ refused or never answered."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -110,12 +108,9 @@ def check_store_file(path: Path) -> None:
         raise click.ClickException(f"{path}: no such store")
     if path.is_dir():
         raise click.ClickException(f"{path}: not a store: it is a folder, not a file")
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-    except sqlite3.DatabaseError:
-        return
-    if version == 0:
+    from warden_server.store.sqlite import made_by_a_plane
+
+    if made_by_a_plane(path) is False:
         raise click.ClickException(
             f"{path}: not a Warden store: a SQLite database with no Warden schema in it "
             "(give the store file a plane serves, [server] store)"

@@ -926,6 +926,16 @@ def _reason(exc: BaseException) -> str:
     return str(exc)
 
 
+def made_by_a_plane(path: Path) -> bool | None:
+    """Whether the SQLite file at ``path`` holds Warden's schema (a plane made
+    it), read without writing a byte; None when SQLite cannot read it at all."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            return bool(conn.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.DatabaseError:
+        return None
+
+
 def damage(path: Path) -> list[str]:
     """What SQLite's ``quick_check`` finds wrong in a store file (nothing when
     it is sound), which a walk of the chain alone would miss in an index.
