@@ -7,6 +7,9 @@ import click
 from warden_server.auth.actors import mint_token
 from warden_server.cli.common import CONFIG_OPTION, load
 
+RESERVED_CLAIMS = frozenset({"sub", "roles", "tenant", "iss", "aud", "iat", "exp", "nbf", "jti"})
+"""Claims ``mint`` sets itself: an --attr of one would be overwritten in silence."""
+
 
 @click.group()
 def token() -> None:
@@ -25,7 +28,13 @@ def token() -> None:
     metavar="KEY=VALUE",
     help="A free attribute claim; repeat for several.",
 )
-@click.option("--ttl", default=3600, show_default=True, help="Lifetime in seconds.")
+@click.option(
+    "--ttl",
+    type=click.IntRange(min=1),
+    default=3600,
+    show_default=True,
+    help="Lifetime in seconds.",
+)
 def token_mint(
     config_path: str,
     sub: str,
@@ -35,13 +44,20 @@ def token_mint(
     ttl: int,
 ) -> None:
     """Print a development JWT signed with the config's HS256 secret."""
-    config = load(config_path)
+    if not sub.strip():
+        raise click.BadParameter("the actor id must not be empty", param_hint="--sub")
     claims: dict[str, str] = {}
     for item in attrs:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--attr")
+        if key in RESERVED_CLAIMS:
+            raise click.BadParameter(
+                f"{key!r} is a claim the token sets itself (use --sub, --role, --tenant or --ttl)",
+                param_hint="--attr",
+            )
         claims[key] = value
+    config = load(config_path)
     try:
         click.echo(
             mint_token(
