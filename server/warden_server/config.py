@@ -17,7 +17,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from warden_server import tomlpos
@@ -133,6 +140,9 @@ class ServerSection(_Section):
         return self
 
 
+MIN_HS256_SECRET_BYTES: Final = 32
+
+
 class ActorsSection(_Section):
     hs256_secret: str | None = None
     """Shared secret for HS256 actor JWTs: development only."""
@@ -146,6 +156,17 @@ class ActorsSection(_Section):
     """Required ``aud`` claim."""
     leeway_seconds: Annotated[int, Field(ge=0)] = 30
     """Clock skew tolerated on ``exp``/``nbf``."""
+
+    @field_validator("hs256_secret")
+    @classmethod
+    def _secret_long_enough(cls, value: str | None) -> str | None:
+        if value and len(value.encode()) < MIN_HS256_SECRET_BYTES:
+            raise ValueError(
+                f"the secret is {len(value.encode())} bytes; an HS256 secret needs at least "
+                f"{MIN_HS256_SECRET_BYTES} (256 bits, RFC 7518 3.2), or it can be guessed "
+                "from a single token"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_key_source(self) -> ActorsSection:

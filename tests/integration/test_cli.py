@@ -148,6 +148,26 @@ def test_token_mint_refuses_a_malformed_attribute(tmp_path: Path) -> None:
 
 
 @pytest.mark.fixed_processes
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        (("--sub", "a", "--ttl", "0"), "'--ttl': 0 is not in the range x>=1"),
+        (("--sub", " "), "the actor id must not be empty"),
+        (("--sub", "a", "--attr", "exp=1"), "'exp' is a claim the token sets itself"),
+        (("--sub", "a", "--attr", "sub=root"), "'sub' is a claim the token sets itself"),
+    ],
+)
+def test_token_mint_refuses_what_would_make_a_broken_token(
+    tmp_path: Path, arguments: tuple[str, ...], said: str
+) -> None:
+    config_path = write_config(tmp_path / "cli")
+    result = run("token", "mint", "--config", str(config_path), *arguments)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert said in result.stderr
+
+
+@pytest.mark.fixed_processes
 def test_token_mint_without_an_hs256_secret_is_a_clear_error(tmp_path: Path) -> None:
     folder = tmp_path / "cli"
     config_path = write_config(folder, actors='public_key_file = "actors.pem"')

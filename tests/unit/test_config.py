@@ -11,6 +11,8 @@ import pytest
 
 from warden_server.config import ConfigError, config_from_dict, load_config
 
+SECRET = "s" * 32
+
 ROOT = Path(__file__).resolve().parents[2]
 
 VALID_TOML = """\
@@ -21,7 +23,7 @@ policies = "rules"
 default_effect = "allow"
 
 [actors]
-hs256_secret = "file-secret"
+hs256_secret = "file-secret-0123456789abcdef-0123"
 issuer = "iss"
 audience = "aud"
 
@@ -42,7 +44,7 @@ def write_config(tmp_path: Path, text: str = VALID_TOML, name: str = "warden.tom
 
 
 def minimal(**services: dict[str, Any]) -> dict[str, Any]:
-    return {"actors": {"hs256_secret": "s"}, "services": services}
+    return {"actors": {"hs256_secret": "s" * 32}, "services": services}
 
 
 def config_error(data: dict[str, Any], **kw: Any) -> str:
@@ -55,7 +57,7 @@ def test_valid_config_loads(tmp_path: Path) -> None:
     config = load_config(write_config(tmp_path), environ={})
     assert config.server.listen == "127.0.0.1:6000"
     assert config.server.default_effect == "allow"
-    assert config.actors.hs256_secret == "file-secret"
+    assert config.actors.hs256_secret == "file-secret-0123456789abcdef-0123"
     assert (config.actors.issuer, config.actors.audience) == ("iss", "aud")
     assert config.services["orders"].token == "file-orders-token"
     assert (
@@ -77,9 +79,9 @@ def test_defaults_fail_closed() -> None:
 @pytest.mark.parametrize(
     ("data", "path"),
     [
-        ({"server": {"colour": "red"}, "actors": {"hs256_secret": "s"}}, "server.colour"),
-        ({"actors": {"hs256_secret": "s", "isuer": "x"}}, "actors.isuer"),
-        ({"grants": {"ttl": 5}, "actors": {"hs256_secret": "s"}}, "grants.ttl"),
+        ({"server": {"colour": "red"}, "actors": {"hs256_secret": "s" * 32}}, "server.colour"),
+        ({"actors": {"hs256_secret": "s" * 32, "isuer": "x"}}, "actors.isuer"),
+        ({"grants": {"ttl": 5}, "actors": {"hs256_secret": "s" * 32}}, "grants.ttl"),
         (
             minimal(orders={"token": "t", "namespaces": ["orders"], "tokn": "x"}),
             "services.orders.tokn",
@@ -138,7 +140,7 @@ def test_disjoint_namespaces_with_a_common_prefix_are_fine() -> None:
 
 def test_actors_need_exactly_one_key_source() -> None:
     assert "set exactly one of hs256_secret" in config_error({"actors": {}})
-    both = {"actors": {"hs256_secret": "s", "jwks_file": "k.json"}}
+    both = {"actors": {"hs256_secret": "s" * 32, "jwks_file": "k.json"}}
     assert "set exactly one of hs256_secret" in config_error(both)
 
 
@@ -147,12 +149,12 @@ def test_actors_need_exactly_one_key_source() -> None:
 
 def test_environment_secrets_override_the_file(tmp_path: Path) -> None:
     environ = {
-        "WARDEN_ACTORS_HS256_SECRET": "env-secret",
+        "WARDEN_ACTORS_HS256_SECRET": "env-secret-0123456789abcdef-01234",
         "WARDEN_SERVICE_ORDERS_TOKEN": "env-orders-token",
         "WARDEN_SERVICE_BILLING_TOKEN": "env-billing-token",
     }
     config = load_config(write_config(tmp_path), environ=environ)
-    assert config.actors.hs256_secret == "env-secret"
+    assert config.actors.hs256_secret == "env-secret-0123456789abcdef-01234"
     assert config.services["orders"].token == "env-orders-token"
     # An environment token replaces a file digest, too.
     billing = config.services["billing"]
@@ -160,12 +162,20 @@ def test_environment_secrets_override_the_file(tmp_path: Path) -> None:
     assert billing.token_digest == hashlib.sha256(b"env-billing-token").hexdigest()
 
 
+@pytest.mark.parametrize("secret", ["short", "x" * 31])
+def test_an_hs256_secret_shorter_than_256_bits_is_refused(secret: str) -> None:
+    """A short secret can be guessed from one token it signed (RFC 7518 3.2)."""
+    message = config_error({"actors": {"hs256_secret": secret}})
+    assert f"actors.hs256_secret: the secret is {len(secret)} bytes; an HS256 secret" in message
+    assert "at least 32" in message
+
+
 def test_environment_supplies_a_missing_secret() -> None:
     config = config_from_dict(
         {"services": {"orders": {"namespaces": ["orders"]}}},
-        environ={"WARDEN_ACTORS_HS256_SECRET": "e", "WARDEN_SERVICE_ORDERS_TOKEN": "t"},
+        environ={"WARDEN_ACTORS_HS256_SECRET": "e" * 32, "WARDEN_SERVICE_ORDERS_TOKEN": "t"},
     )
-    assert config.actors.hs256_secret == "e"
+    assert config.actors.hs256_secret == "e" * 32
     assert config.services["orders"].token == "t"
 
 
@@ -180,7 +190,7 @@ def test_hyphenated_service_name_environment_key() -> None:
 def test_environment_is_only_read_from_the_argument(tmp_path: Path) -> None:
     """Without ``environ`` the file's values stand (os.environ is not consulted)."""
     config = load_config(write_config(tmp_path))
-    assert config.actors.hs256_secret == "file-secret"
+    assert config.actors.hs256_secret == "file-secret-0123456789abcdef-0123"
 
 
 def test_overrides_win_over_the_file(tmp_path: Path) -> None:
@@ -214,7 +224,10 @@ def test_bad_toml_names_the_file(tmp_path: Path) -> None:
 
 
 def test_invalid_values_name_the_file(tmp_path: Path) -> None:
-    path = write_config(tmp_path, '[actors]\nhs256_secret = "s"\n[server]\nworkers = 0\n')
+    path = write_config(
+        tmp_path,
+        '[actors]\nhs256_secret = "ssssssssssssssssssssssssssssssss"\n[server]\nworkers = 0\n',
+    )
     with pytest.raises(ConfigError) as caught:
         load_config(path, environ={})
     assert str(caught.value).startswith(f"{path}: invalid configuration:")
@@ -230,7 +243,7 @@ def test_each_problem_in_the_file_names_its_line(tmp_path: Path) -> None:
         "procesess = 2\n"
         "\n"
         "[actors]\n"
-        'hs256_secret = "s"\n'
+        'hs256_secret = "ssssssssssssssssssssssssssssssss"\n'
         "\n"
         '[services."orders"]\n'
         'namespaces = [\n  "orders",\n]\n'
@@ -260,7 +273,10 @@ def test_each_problem_in_the_file_names_its_line(tmp_path: Path) -> None:
 
 
 def test_a_value_not_from_the_file_says_where_it_came_from(tmp_path: Path) -> None:
-    path = write_config(tmp_path, '[actors]\nhs256_secret = "s"\n[server]\nworkers = 4\n')
+    path = write_config(
+        tmp_path,
+        '[actors]\nhs256_secret = "ssssssssssssssssssssssssssssssss"\n[server]\nworkers = 4\n',
+    )
     with pytest.raises(ConfigError) as caught:
         load_config(path, environ={}, overrides={"workers": "none"})
     assert "  server.workers: Input should be a valid integer" in str(caught.value)
@@ -272,7 +288,8 @@ def test_a_value_not_from_the_file_says_where_it_came_from(tmp_path: Path) -> No
         "(from WARDEN_IDEMPOTENCY_REPLAY_KEY)"
     )
     in_file = write_config(
-        tmp_path, '[actors]\nhs256_secret = "s"\n[idempotency]\nreplay_key = "x"\n'
+        tmp_path,
+        f'[actors]\nhs256_secret = "{SECRET}"\n[idempotency]\nreplay_key = "x"\n',
     )
     with pytest.raises(ConfigError) as caught:
         load_config(in_file, environ={})
@@ -280,7 +297,11 @@ def test_a_value_not_from_the_file_says_where_it_came_from(tmp_path: Path) -> No
 
 
 def test_a_toml_syntax_error_names_its_line_and_column(tmp_path: Path) -> None:
-    path = write_config(tmp_path, '[actors]\nhs256_secret = "s"\n[server\n', name="broken.toml")
+    path = write_config(
+        tmp_path,
+        '[actors]\nhs256_secret = "ssssssssssssssssssssssssssssssss"\n[server\n',
+        name="broken.toml",
+    )
     with pytest.raises(ConfigError) as caught:
         load_config(path, environ={})
     assert str(caught.value) == f"{path}:3:8: Expected ']' at the end of a table declaration"

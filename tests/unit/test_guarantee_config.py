@@ -7,7 +7,7 @@ import pytest
 from warden_server.config import ConfigError, config_from_dict
 from warden_server.sealing import Sealer
 
-ACTORS = {"hs256_secret": "s"}
+ACTORS = {"hs256_secret": "s" * 32}
 
 
 def test_defaults() -> None:
