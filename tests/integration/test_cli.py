@@ -167,6 +167,22 @@ def test_token_mint_refuses_what_would_make_a_broken_token(
     assert said in result.stderr
 
 
+def test_help_answers_to_h_as_well() -> None:
+    for command in ([], ["policy", "check"], ["audit", "verify"]):
+        result = CliRunner().invoke(main, [*command, "-h"])
+        assert result.exit_code == 0 and result.output.startswith("Usage: warden"), command
+
+
+def test_a_target_with_a_scheme_is_a_usage_error() -> None:
+    result = CliRunner().invoke(
+        main, ["approvals", "list", "--target", "http://127.0.0.1:50051", "--token", "t"]
+    )
+    assert result.exit_code == 2
+    assert "'http://127.0.0.1:50051' is not HOST:PORT: give the address without a scheme" in (
+        result.output
+    )
+
+
 @pytest.mark.fixed_processes
 def test_token_mint_without_an_hs256_secret_is_a_clear_error(tmp_path: Path) -> None:
     folder = tmp_path / "cli"

@@ -67,7 +67,7 @@ class _Commands(click.Group):
             formatter.write_dl([(name, COMMANDS[name].summary) for name in sorted(COMMANDS)])
 
 
-@click.group(cls=_Commands)
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="warden")
 def main() -> None:
     """Warden: a policy-as-code governance plane for the operations AI models may call."""

@@ -52,6 +52,11 @@ def checked_target(
     port 99999 as another port."""
     if value is None or value.startswith("unix:"):
         return value
+    if "://" in value:
+        raise click.BadParameter(
+            f"{value!r} is not HOST:PORT: give the address without a scheme "
+            "(TLS comes from WARDEN_TLS_CA_FILE)"
+        )
     host, colon, port = value.rpartition(":")
     if not (colon and host and port.isdigit() and 0 < int(port) < 65_536):
         raise click.BadParameter(f"{value!r} is not HOST:PORT with a port from 1 to 65535")

@@ -13,7 +13,7 @@ from warden_server.console import ConsoleConfigError, bind, console_of, run
 
 @click.command("console")
 @CONFIG_OPTION
-@click.option("--listen", help="host:port to serve on (default: [console] listen).")
+@click.option("--listen", help="host:port to serve on (default: [console] listen, 127.0.0.1:8080).")
 @click.option(
     "--target",
     metavar="HOST:PORT",

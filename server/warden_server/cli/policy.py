@@ -38,7 +38,10 @@ SNAPSHOT = "capabilities.json"
 """The schema snapshot kept beside the policies, read by `check` when present."""
 
 DIRECTORY = click.argument(
-    "directory", type=click.Path(file_okay=False, path_type=Path), default="policies"
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default="policies",
+    metavar="[DIRECTORY (default: policies)]",
 )
 TARGET = click.option(
     "--target", metavar="HOST:PORT", callback=checked_target, help="A running plane."

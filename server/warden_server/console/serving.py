@@ -4,6 +4,7 @@ or on a thread (``start``) for a caller that runs it beside other work."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import threading
@@ -72,7 +73,12 @@ def bind(listen: str) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, int(port)))
     except (OSError, ValueError) as exc:
-        raise ConsoleConfigError(f"cannot listen on {listen}: {exc}") from None
+        why = (
+            "the address is in use or not available"
+            if isinstance(exc, OSError) and exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
+            else getattr(exc, "strerror", None) or str(exc)
+        )
+        raise ConsoleConfigError(f"cannot listen on {listen}: {why}") from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
