@@ -169,7 +169,7 @@ def test_token_mint_refuses_what_would_make_a_broken_token(
 
 def test_help_answers_to_h_as_well() -> None:
     for command in ([], ["policy", "check"], ["audit", "verify"]):
-        result = CliRunner().invoke(main, [*command, "-h"])
+        result = CliRunner().invoke(main, [*command, "-h"], prog_name="warden")
         assert result.exit_code == 0 and result.output.startswith("Usage: warden"), command
 
 
