@@ -551,6 +551,48 @@ def load_config(
     )
 
 
+KEY_FILES: Final[tuple[tuple[str, str], ...]] = (
+    ("server", "tls_cert_file"),
+    ("server", "tls_key_file"),
+    ("server", "tls_client_ca_file"),
+    ("actors", "public_key_file"),
+    ("actors", "jwks_file"),
+    ("grants", "signing_key_file"),
+    ("grants", "verification_key_files"),
+    ("audit", "checkpoint_key_file"),
+)
+"""The settings that name files the plane reads as it starts."""
+
+
+def check_key_files(path: str | Path, config: Config) -> None:
+    """Every file a plane started with ``config`` (read from ``path``) would
+    read, checked at once before it makes anything: each one missing is a
+    problem at its line.
+
+    Raises:
+        ConfigError: files named in the config are missing (all listed).
+    """
+    try:
+        lines = tomlpos.key_lines(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        lines = {}
+    problems = []
+    for section, key in KEY_FILES:
+        value = getattr(getattr(config, section), key)
+        for index, name in enumerate(value if isinstance(value, list) else [value]):
+            if name is None or config.path(name).exists():
+                continue
+            setting: tomlpos.Path = (
+                (section, key, index) if isinstance(value, list) else (section, key)
+            )
+            line = tomlpos.line_of(lines, setting)
+            where = f"{path}:{line}: " if line is not None else ""
+            shown = f"{section}.{key}" + (f"[{index}]" if isinstance(value, list) else "")
+            problems.append(f"  {where}{shown}: no such file {config.path(name)}")
+    if problems:
+        raise ConfigError(f"{path}: files it names are missing:\n" + "\n".join(problems))
+
+
 def _toml_problem(source: str, exc: tomllib.TOMLDecodeError) -> str:
     """``file:line:column: what`` from tomllib's "what (at line L, column C)"."""
     found = re.fullmatch(r"(.*) \(at line (\d+), column (\d+)\)", str(exc), re.DOTALL)

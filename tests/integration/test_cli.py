@@ -655,6 +655,48 @@ def test_serve_with_an_unusable_listen_address_is_a_clear_error(
 
 
 @pytest.mark.fixed_processes
+def test_serve_names_every_missing_key_file_at_its_line_before_making_anything(
+    tmp_path: Path,
+) -> None:
+    config_path = write_config(tmp_path / "cli")
+    text = config_path.read_text()
+    config_path.write_text(
+        text.replace(
+            'listen = "127.0.0.1:0"\n',
+            'listen = "127.0.0.1:0"\ntls_cert_file = "c.pem"\ntls_key_file = "c.key"\n',
+        )
+        + '\n[grants]\nverification_key_files = ["gone.pem"]\n'
+        + '\n[audit]\ncheckpoint_key_file = "ck.pem"\n'
+    )
+    lines = config_path.read_text().splitlines()
+    done = subprocess.run(
+        [*warden_command(), "serve", "--config", str(config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+
+    def at(key: str) -> int:
+        return next(n for n, line in enumerate(lines, 1) if line.startswith(key))
+
+    folder = config_path.parent
+    assert done.stderr.splitlines() == [
+        f"Error: {config_path}: files it names are missing:",
+        f"  {config_path}:{at('tls_cert_file')}: server.tls_cert_file: "
+        f"no such file {folder / 'c.pem'}",
+        f"  {config_path}:{at('tls_key_file')}: server.tls_key_file: "
+        f"no such file {folder / 'c.key'}",
+        f"  {config_path}:{at('verification_key_files')}: grants.verification_key_files[0]: "
+        f"no such file {folder / 'gone.pem'}",
+        f"  {config_path}:{at('checkpoint_key_file')}: audit.checkpoint_key_file: "
+        f"no such file {folder / 'ck.pem'}",
+    ]
+    assert not (folder / "var").exists(), "it made the store before failing"
+
+
+@pytest.mark.fixed_processes
 def test_serve_takes_a_store_url_on_the_command_line_as_a_url(tmp_path: Path) -> None:
     """--store postgresql://... is the database, not a path under the current
     folder where the plane would make a SQLite file (and its keys)."""
