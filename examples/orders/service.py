@@ -115,7 +115,8 @@ def main() -> None:
         try:
             registered = rt.register()
         except warden.WardenError as exc:
-            raise SystemExit(f"{exc} (is `make run` serving?)") from None
+            hint = " (is `make run` serving?)" if exc.transient else ""
+            raise SystemExit(f"{exc}{hint}") from None
         for capability in registered:
             print(f"registered {capability.id} v{capability.version}")
         calls = [

@@ -141,7 +141,8 @@ def test_sdk_alone_installs_without_the_planes_dependencies_and_invokes(
     assert not shown["warden_server"]
     assert "mcp" not in distributions
     assert shown["mcp_adapter"] == (
-        "warden.adapters.mcp needs the mcp package: pip install 'warden[mcp]'"
+        "warden.adapters.mcp needs the mcp package: install the SDK with its extra, "
+        "warden[mcp] (from a checkout: pip install './client[mcp]')"
     )
 
     assert (shown["status"], shown["output"]) == ("succeeded", {"n": 7})

@@ -21,7 +21,8 @@ process's: read its JWT from the environment the host sets, e.g.::
 JWT: a token refreshed before it expires, or, behind streamable HTTP
 (``build_server(...).streamable_http_app()``), the caller's own bearer token.
 
-Needs the ``mcp`` package: ``pip install 'warden[mcp]'``.
+Needs the ``mcp`` package: the SDK's extra ``warden[mcp]`` (from a checkout,
+``pip install './client[mcp]'``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ try:
     from mcp.shared.exceptions import MCPError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "warden.adapters.mcp needs the mcp package: pip install 'warden[mcp]'"
+        "warden.adapters.mcp needs the mcp package: install the SDK with its extra, "
+        "warden[mcp] (from a checkout: pip install './client[mcp]')"
     ) from exc
 
 from warden._cancel import CancelToken
