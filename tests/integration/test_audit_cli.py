@@ -397,6 +397,18 @@ def test_prune_with_nothing_old_enough_changes_nothing(db: Path, key: Path) -> N
     assert len(rows(db)) == len(auditlog.LOG)
 
 
+def test_prune_refuses_a_time_in_the_future(db: Path, key: Path) -> None:
+    """--before 2099-01-01 would erase the whole log, the newest record too:
+    refused, and nothing deleted."""
+    result = warden(
+        "audit", "prune", "--config", NO_CONFIG, "--store", str(db), "--before", "2099-01-01",
+        "--key", str(key), ok=False,
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "before '2099-01-01' is in the future: it would prune every record" in result.output
+    assert len(rows(db)) == len(auditlog.LOG)
+
+
 def test_prune_in_chunks_keeps_one_checkpoint_and_the_chain(db: Path, key: Path) -> None:
     from datetime import UTC, datetime
 

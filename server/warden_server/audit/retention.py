@@ -19,8 +19,9 @@ from warden.shared.canonical import compact_json
 from warden_server.audit.chain import verify_rows
 from warden_server.audit.checkpoint import CheckpointSigner
 from warden_server.audit.times import parse_time
+from warden_server.errors import InvalidRequest
 from warden_server.records.chain import GENESIS
-from warden_server.records.events import AuditEvent, now_iso
+from warden_server.records.events import AuditEvent, iso, now_iso
 from warden_server.records.query import RecordFilter
 from warden_server.store import Store, WriteTransaction
 
@@ -58,9 +59,14 @@ def prune(
 
     Raises:
         PruneRefused: a record to be pruned fails verification.
-        InvalidRequest: ``before`` is not a time.
+        InvalidRequest: ``before`` is not a time, or is in the future.
     """
     cutoff = parse_time(before, now, "before")
+    if cutoff > iso(now):
+        raise InvalidRequest(
+            f"before {before!r} is in the future: it would prune every record, the newest "
+            "included; give a time in the past or a duration back from now (90d)"
+        )
     keep = next(store.audit_records(RecordFilter(since=cutoff), limit=1), None)
     last = store.audit_newest()
     if last is None:
