@@ -13,7 +13,7 @@ import hashlib
 import re
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Final, Literal
 
@@ -564,10 +564,13 @@ KEY_FILES: Final[tuple[tuple[str, str], ...]] = (
 """The settings that name files the plane reads as it starts."""
 
 
-def check_key_files(path: str | Path, config: Config) -> None:
+def check_files(
+    path: str | Path, config: Config, *, from_command_line: Collection[str] = ()
+) -> None:
     """Every file a plane started with ``config`` (read from ``path``) would
-    read, checked at once before it makes anything: each one missing is a
-    problem at its line.
+    read, and its policy folder, checked at once before it makes anything:
+    each one missing is a problem at its line (``from_command_line``: the
+    ``[server]`` keys the command line gave instead).
 
     Raises:
         ConfigError: files named in the config are missing (all listed).
@@ -589,6 +592,13 @@ def check_key_files(path: str | Path, config: Config) -> None:
             where = f"{path}:{line}: " if line is not None else ""
             shown = f"{section}.{key}" + (f"[{index}]" if isinstance(value, list) else "")
             problems.append(f"  {where}{shown}: no such file {config.path(name)}")
+    if not config.policies_path.is_dir():
+        if "policies" in from_command_line:
+            where, origin = "", " (from the command line)"
+        else:
+            line = tomlpos.line_of(lines, ("server", "policies"))
+            where, origin = (f"{path}:{line}: " if line is not None else ""), ""
+        problems.append(f"  {where}server.policies: no such folder {config.policies_path}{origin}")
     if problems:
         raise ConfigError(f"{path}: files it names are missing:\n" + "\n".join(problems))
 

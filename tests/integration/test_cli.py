@@ -697,6 +697,24 @@ def test_serve_names_every_missing_key_file_at_its_line_before_making_anything(
 
 
 @pytest.mark.fixed_processes
+def test_serve_with_no_policy_folder_says_so_before_making_the_store(tmp_path: Path) -> None:
+    config_path = write_config(tmp_path / "cli")
+    done = subprocess.run(
+        [*warden_command(), "serve", "--config", str(config_path), "--policies", "nowhere"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[1:] == [
+        f"  server.policies: no such folder {tmp_path / 'nowhere'} (from the command line)"
+    ]
+    assert not (config_path.parent / "var").exists(), "it made the store before failing"
+
+
+@pytest.mark.fixed_processes
 def test_serve_takes_a_store_url_on_the_command_line_as_a_url(tmp_path: Path) -> None:
     """--store postgresql://... is the database, not a path under the current
     folder where the plane would make a SQLite file (and its keys)."""

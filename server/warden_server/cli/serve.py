@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal
 import click
 
 from warden_server.cli.common import CONFIG_OPTION, load
-from warden_server.config import URL_SCHEME, ConfigError, check_key_files
+from warden_server.config import URL_SCHEME, ConfigError, check_files
 from warden_server.stopping import StopRequest
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def serve(
         processes=str(processes) if processes else None,
     )
     try:  # before anything is made: one run names every missing file
-        check_key_files(config_path, config)
+        check_files(config_path, config, from_command_line=["policies"] if policies else [])
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if metrics_listen is not None:
