@@ -262,6 +262,16 @@ def test_stats_print_one_table_per_grouping_asked_for(db: Path) -> None:
     assert keys == sorted(keys, key=["code", "actor"].index) and set(keys) == {"code", "actor"}
 
 
+def test_an_unknown_stage_and_two_sources_are_usage_errors(db: Path) -> None:
+    """A typo in --stage would read as "no records"; --store beside --target
+    would leave one of them unread in silence."""
+    typo = audit(db, "query", "--stage", "polcy", ok=False)
+    assert typo.exit_code == 2 and "'polcy' is not one of 'discovery'" in typo.output
+    both = audit(db, "query", "--target", "127.0.0.1:50051", "--token", "t", ok=False)
+    assert both.exit_code == 2
+    assert "give --store (read the file) or --target" in both.output
+
+
 def test_stats_refuse_an_unknown_grouping(db: Path) -> None:
     result = audit(db, "stats", "--by", "mood", ok=False)
     assert result.exit_code == 2 and "mood" in result.output

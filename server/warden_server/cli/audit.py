@@ -16,6 +16,7 @@ from typing import Any, Final, NoReturn, TypeVar
 
 import click
 
+from warden.shared.codes import STAGES
 from warden_server.audit.anchors import Anchor, newest_published
 from warden_server.audit.anchors import check as anchors_check
 from warden_server.audit.anchors import head as anchors_head
@@ -95,7 +96,7 @@ def filter_options(command: F) -> F:
             ),
             click.option("--actor", help="Actor id."),
             click.option("--tenant", help="Tenant."),
-            click.option("--stage", help="Stage, e.g. policy or output-validation."),
+            click.option("--stage", type=click.Choice(list(STAGES)), help="The failure's stage."),
             click.option("--code", help="Error code, e.g. POLICY_DENIED."),
             click.option(
                 "--status", help="granted, failed, suspended, rejected, succeeded, allowed..."
@@ -126,6 +127,10 @@ def _filter(values: dict[str, Any]) -> AuditFilter:
 def _source(values: dict[str, Any], public_key: str | None = None) -> AuditSource:
     config_path, store = values.pop("config_path"), values.pop("store")
     target, token = values.pop("target"), values.pop("token")
+    if target and store:
+        raise click.UsageError(
+            "give --store (read the file) or --target (read through the audit API), not both"
+        )
     if target:
         if not token:
             raise click.UsageError("--target needs an auditor's --token (or WARDEN_TOKEN)")
