@@ -173,6 +173,19 @@ def test_help_answers_to_h_as_well() -> None:
         assert result.exit_code == 0 and result.output.startswith("Usage: warden"), command
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["policy", "check", str(EXAMPLE_POLICIES)], ["policy", "status"], ["limits", "status"]],
+)
+def test_a_target_without_a_token_is_the_same_usage_error_everywhere(
+    command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WARDEN_TOKEN", raising=False)
+    result = CliRunner().invoke(main, [*command, "--target", "127.0.0.1:1"])
+    assert result.exit_code == 2
+    assert "no token: give a JWT with --token, or set WARDEN_TOKEN" in result.output
+
+
 def test_a_target_with_a_scheme_is_a_usage_error() -> None:
     result = CliRunner().invoke(
         main, ["approvals", "list", "--target", "http://127.0.0.1:50051", "--token", "t"]

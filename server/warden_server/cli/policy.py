@@ -18,7 +18,13 @@ from warden.shared.schema import InvalidSchemaError, compile_validator, validati
 from warden.shared.tls import sync_channel
 from warden.v1 import policy_pb2, policy_pb2_grpc
 from warden_server.auth.actors import AuthenticationError, actor_from_claims
-from warden_server.cli.common import TARGET_OPTION, checked_target, open_store_file, rpc_refused
+from warden_server.cli.common import (
+    TARGET_OPTION,
+    checked_target,
+    open_store_file,
+    required_token,
+    rpc_refused,
+)
 from warden_server.cli.common import tls_credentials as _tls_credentials
 from warden_server.errors import InvalidRequest
 from warden_server.policy import typecheck
@@ -393,6 +399,7 @@ def policy_status(target: str, token: str | None, with_rules: bool, as_json: boo
     """Show the policy set a running plane enforces, the last refused change,
     and what every live replica on its store serves; exit 1 while a refused
     change is pending on any replica."""
+    required_token(None, None, token)
     status = _remote(
         target,
         lambda stub: stub.GetStatus(
@@ -555,6 +562,7 @@ def _registered(
         finally:
             opened.close()
     assert target is not None
+    required_token(None, None, token)  # the plane asks every caller for one
     response = _remote(target, lambda stub: _list_capabilities(stub, token))
     try:
         return [
