@@ -52,6 +52,14 @@ rules:
 """
 
 
+def warden_exits(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``warden ARGS`` in a process of its own, run until it exits (a command
+    that fails before it serves, or one that ends by itself)."""
+    return subprocess.run(
+        [*warden_command(), *args], capture_output=True, text=True, timeout=60, check=False, cwd=cwd
+    )
+
+
 def write_config(
     folder: Path,
     *,
@@ -563,13 +571,7 @@ def test_serve_with_a_broken_policy_folder_exits_non_zero_naming_file_line_col(
     broken.mkdir()
     (broken / "rules.yaml").write_text(BROKEN_POLICY)
     config_path = write_config(tmp_path / "cli", policies=broken)
-    done = subprocess.run(
-        [*warden_command(), "serve", "--config", str(config_path), "--listen", "127.0.0.1:0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = warden_exits("serve", "--config", str(config_path), "--listen", "127.0.0.1:0")
     assert done.returncode != 0
     assert "the policy set has problems" in done.stderr
     assert f"{broken / 'rules.yaml'}:8:" in done.stderr, done.stderr
@@ -583,13 +585,7 @@ def test_serve_policies_flag_overrides_the_config(tmp_path: Path) -> None:
     broken.mkdir()
     (broken / "rules.yaml").write_text(BROKEN_POLICY)
     config_path = write_config(tmp_path / "cli")
-    done = subprocess.run(
-        [*warden_command(), "serve", "--config", str(config_path), "--policies", str(broken)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = warden_exits("serve", "--config", str(config_path), "--policies", str(broken))
     assert done.returncode != 0
     assert f"{broken / 'rules.yaml'}:8:" in done.stderr, done.stderr
 
@@ -654,13 +650,7 @@ def test_serve_with_an_unusable_listen_address_is_a_clear_error(
     tmp_path: Path, option: str, address: str, said: str
 ) -> None:
     config_path = write_config(tmp_path / "cli")
-    done = subprocess.run(
-        [*warden_command(), "serve", "--config", str(config_path), option, address],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = warden_exits("serve", "--config", str(config_path), option, address)
     assert done.returncode == 1
     assert f"Error: {said}: not HOST:PORT with a port from 0 to 65535" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
@@ -682,13 +672,7 @@ def test_serve_names_every_missing_key_file_at_its_line_before_making_anything(
         + '\n[audit]\ncheckpoint_key_file = "ck.pem"\n'
     )
     lines = config_path.read_text().splitlines()
-    done = subprocess.run(
-        [*warden_command(), "serve", "--config", str(config_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = warden_exits("serve", "--config", str(config_path))
     assert done.returncode == 1
 
     def at(key: str) -> int:
@@ -712,13 +696,8 @@ def test_serve_names_every_missing_key_file_at_its_line_before_making_anything(
 @pytest.mark.fixed_processes
 def test_serve_with_no_policy_folder_says_so_before_making_the_store(tmp_path: Path) -> None:
     config_path = write_config(tmp_path / "cli")
-    done = subprocess.run(
-        [*warden_command(), "serve", "--config", str(config_path), "--policies", "nowhere"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
+    done = warden_exits(
+        "serve", "--config", str(config_path), "--policies", "nowhere", cwd=tmp_path
     )
     assert done.returncode == 1
     assert done.stderr.splitlines()[1:] == [
@@ -736,14 +715,7 @@ def test_serve_takes_a_store_url_on_the_command_line_as_a_url(tmp_path: Path) ->
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     url = f"postgresql://warden@127.0.0.1:{port}/warden"
-    done = subprocess.run(
-        [*warden_command(), "serve", "--config", str(config_path), "--store", url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-    )
+    done = warden_exits("serve", "--config", str(config_path), "--store", url, cwd=tmp_path)
     assert done.returncode == 1
     assert f"Error: {url}: cannot connect" in done.stderr, done.stderr
     assert not (tmp_path / "postgresql:").exists()
@@ -761,13 +733,7 @@ def test_console_with_an_unusable_listen_address_is_a_clear_error(
         taken.listen()
         if address == "taken":
             address = f"127.0.0.1:{taken.getsockname()[1]}"
-        done = subprocess.run(
-            [*warden_command(), "console", "--config", str(config_path), "--listen", address],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = warden_exits("console", "--config", str(config_path), "--listen", address)
     assert done.returncode == 1
     (said,) = done.stderr.splitlines()
     assert said.startswith(f"Error: cannot listen on {address}: "), said
@@ -807,13 +773,7 @@ def test_serve_on_a_store_it_cannot_open_says_so_in_one_line(
 ) -> None:
     store = make(tmp_path / "warden.db")
     config_path = write_config(tmp_path / "cli")
-    done = subprocess.run(
-        [*warden_command(), "serve", "--config", str(config_path), "--store", str(store)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = warden_exits("serve", "--config", str(config_path), "--store", str(store))
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1].startswith(
         f"Error: {store}: cannot open the store: {why}"
