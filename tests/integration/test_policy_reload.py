@@ -222,7 +222,7 @@ def test_a_vanished_folder_keeps_the_last_good_set(
     assert plant.server.plane.policies.current() is before
     (row,) = plant.events(kind="policy", status="rejected")
     assert row["policy_revision"] is None
-    assert row["cause_message"] == f"{folder}:1:1: no such policy folder"
+    assert row["cause_message"] == f"{folder}: no such policy folder"
 
 
 # Each of these reads a field or variable the wrong way for its declared type

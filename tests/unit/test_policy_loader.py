@@ -399,7 +399,7 @@ def test_empty_file_is_a_valid_empty_set(tmp_path: Path) -> None:
 
 def test_missing_folder_is_a_problem(tmp_path: Path) -> None:
     folder = tmp_path / "nowhere"
-    assert problems_of(folder) == [f"{folder}:1:1: no such policy folder"]
+    assert problems_of(folder) == [f"{folder}: no such policy folder"]
 
 
 def test_tests_subfolder_and_other_files_are_not_rules(tmp_path: Path) -> None:

@@ -48,6 +48,8 @@ class Problem:
 
     file: str
     line: int
+    """1 and up; 0 with ``column`` 0 when the problem is with the folder or the
+    file as a whole (it cannot be read), which has no position."""
     column: int
     path: str
     """Where in the document, e.g. ``rules[2].when``; empty for the whole file."""
@@ -55,7 +57,8 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"{self.path}: " if self.path else ""
-        return f"{self.file}:{self.line}:{self.column}: {where}{self.message}"
+        at = f":{self.line}:{self.column}" if self.line else ""  # 0: the folder or file whole
+        return f"{self.file}{at}: {where}{self.message}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -115,14 +118,14 @@ def read_policy_folder(directory: str | Path) -> PolicySource:
         paths = policy_files(directory)
     except OSError as exc:
         reason = "no such policy folder" if not directory.exists() else exc.strerror
-        raise PolicyLoadError([Problem(str(directory), 1, 1, "", str(reason))]) from None
+        raise PolicyLoadError([Problem(str(directory), 0, 0, "", str(reason))]) from None
     files = []
     for path in paths:
         try:
             files.append((path.name, path.read_bytes()))
         except OSError as exc:
             # A file removed between listing and reading: the folder is mid-change.
-            raise PolicyLoadError([Problem(str(path), 1, 1, "", str(exc.strerror))]) from None
+            raise PolicyLoadError([Problem(str(path), 0, 0, "", str(exc.strerror))]) from None
     return PolicySource(directory, tuple(files), revision_of(files))
 
 
