@@ -298,6 +298,9 @@ def test_a_bad_filter_is_invalid_argument(seeded: Plant, stub: audit_pb2_grpc.Au
     error = refused(lambda: query(stub, everyone(seeded), since="last tuesday"))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "neither an ISO 8601 time" in (error.details() or "")
+    error = refused(lambda: query(stub, everyone(seeded), since="1h", until="2h"))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "is not before until '2h'" in (error.details() or "")
     bad_page = audit_pb2.QueryRequest(page_token="abc")
     error = refused(lambda: stub.Query(bad_page, metadata=bearer(everyone(seeded))))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT

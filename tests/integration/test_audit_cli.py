@@ -131,10 +131,26 @@ def test_a_relative_since_counts_back_from_now(db: Path) -> None:
     assert len(query_seqs(db, "--since", "100000d")) == len(auditlog.LOG)
 
 
-def test_an_unreadable_time_is_one_clear_message(db: Path) -> None:
-    result = audit(db, "query", "--since", "yesterday-ish", ok=False)
-    assert result.exit_code == 1
-    assert "since 'yesterday-ish' is neither an ISO 8601 time" in result.output
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [("query", "--since"), ("stats", "--until"), ("export", "--since"), ("prune", "--before")],
+)
+def test_an_unreadable_time_is_a_usage_error_naming_its_option(
+    db: Path, command: str, option: str
+) -> None:
+    result = audit(db, command, option, "yesterday-ish", ok=False)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in result.output
+    assert "'yesterday-ish' is neither an ISO 8601 time" in result.output
+
+
+@pytest.mark.parametrize("command", ["query", "stats", "export"])
+def test_a_since_not_before_until_is_refused_not_an_empty_answer(db: Path, command: str) -> None:
+    result = audit(db, command, "--since", "1h", "--until", "2h", ok=False)
+    assert result.exit_code == 1, result.output
+    assert "since '1h'" in result.output and "is not before until '2h'" in result.output
+    same = audit(db, command, "--since", "2026-01-02", "--until", "2026-01-02T00:00:00Z", ok=False)
+    assert "is not before until" in same.output
 
 
 def test_json_lines_carry_every_column(db: Path) -> None:

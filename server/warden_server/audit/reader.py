@@ -132,6 +132,13 @@ def _selection(f: AuditFilter, now: datetime) -> RecordFilter:
         raise InvalidRequest(f"unknown kind {f.kind!r} (known: {', '.join(KINDS)})")
     if any(not pattern for pattern in f.capabilities):
         raise InvalidRequest("a capability pattern cannot be empty")
+    since = None if f.since is None else parse_time(f.since, now, "since")
+    until = None if f.until is None else parse_time(f.until, now, "until")
+    if since is not None and until is not None and since >= until:
+        raise InvalidRequest(
+            f"since {f.since!r} ({since}) is not before until {f.until!r} ({until}): "
+            "the window holds no time"
+        )
     return RecordFilter(
         seq=f.seq,
         kind=f.kind,
@@ -142,8 +149,8 @@ def _selection(f: AuditFilter, now: datetime) -> RecordFilter:
         tenant=f.tenant,
         invocation_id=f.invocation,
         capabilities=f.capabilities,
-        since=None if f.since is None else parse_time(f.since, now, "since"),
-        until=None if f.until is None else parse_time(f.until, now, "until"),
+        since=since,
+        until=until,
     )
 
 

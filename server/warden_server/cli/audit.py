@@ -28,6 +28,7 @@ from warden_server.audit.checkpoint import (
 )
 from warden_server.audit.reader import GROUPINGS, MAX_LIMIT, AuditFilter, Stats, plain
 from warden_server.audit.retention import PruneRefused, prune
+from warden_server.audit.times import parse_time
 from warden_server.cli.audit_sources import AuditSource, LocalSource, RemoteSource
 from warden_server.cli.common import (
     CONFIG_OPTION,
@@ -38,7 +39,7 @@ from warden_server.cli.common import (
     open_store,
 )
 from warden_server.config import Config
-from warden_server.errors import RequestError
+from warden_server.errors import InvalidRequest, RequestError
 from warden_server.records.events import KINDS
 from warden_server.store import StoreUnreadable
 from warden_server.store.sqlite import damage
@@ -57,6 +58,20 @@ TABLE_COLUMNS = (
     "code",
     "reason",
 )
+
+
+def checked_time(
+    _context: click.Context | None, _param: click.Parameter | None, value: str | None
+) -> str | None:
+    """A time option (``--since``, ``--until``, ``--before``) that neither form
+    reads is a usage error, as any other malformed option is; the value itself
+    is resolved against the clock where it is used."""
+    if value is not None:
+        try:
+            parse_time(value, datetime.now(UTC), "the value")
+        except InvalidRequest as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
 
 
 def source_options(command: F) -> F:
@@ -86,8 +101,16 @@ def filter_options(command: F) -> F:
     """The filters every read command shares."""
     for option in reversed(
         (
-            click.option("--since", help="From this time, inclusive: ISO 8601 or 15m, 1h, 7d ago."),
-            click.option("--until", help="Up to this time, exclusive, in the same forms."),
+            click.option(
+                "--since",
+                callback=checked_time,
+                help="From this time, inclusive: ISO 8601 or 15m, 1h, 7d ago.",
+            ),
+            click.option(
+                "--until",
+                callback=checked_time,
+                help="Up to this time, exclusive, in the same forms.",
+            ),
             click.option(
                 "--capability",
                 "capabilities",
@@ -454,6 +477,7 @@ def audit_export(**values: Any) -> None:
 @click.option(
     "--before",
     required=True,
+    callback=checked_time,
     help="Prune records older than this: ISO 8601, or a duration back from now (90d).",
 )
 @click.option(

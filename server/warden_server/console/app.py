@@ -550,6 +550,8 @@ class _Pages:
             return []
         end = datetime.now(UTC)
         step = timedelta(seconds=seconds / STATS_SLICES)
+        if step < timedelta(milliseconds=1):  # records' times are in milliseconds
+            return []
         buckets = []
         for i in range(STATS_SLICES):
             start = end - step * (STATS_SLICES - i)
