@@ -488,6 +488,38 @@ def test_si8_unknown_unexposed_and_hidden_are_identical(
     }
 
 
+@pytest.mark.parametrize("token", ["", "not-a-jwt", "expired"])
+def test_si8_a_caller_without_a_valid_token_learns_nothing_of_which_ids_exist(
+    lab_rt: warden.Runtime, lab_plant: Plant, token: str
+) -> None:
+    """Authentication comes before resolution: a caller with no token, a bad
+    one or an expired one meets the same UNAUTHENTICATED face whether the id
+    exists, is unexposed, is hidden or was never registered."""
+    if token == "expired":
+        token = lab_plant.token(ttl=-3600)
+    cases = {
+        "exists": ("orders.echo", ""),
+        "unknown": ("orders.nonexistent", ""),
+        "unexposed": ("orders.mcp_only", "openai"),
+        "hidden": ("orders.secret", ""),
+        "malformed id": ("Not An Id!", ""),
+    }
+    faces = {}
+    for name, (capability, surface) in cases.items():
+        response = begin(lab_plant, capability, {"n": 1}, actor=token, surface=surface)
+        assert response.WhichOneof("outcome") == "failure", name
+        faces[name] = response.failure.SerializeToString(deterministic=True)
+        (row,) = lab_plant.events(invocation_id=response.invocation_id)
+        assert (row["code"], row["stage"]) == ("UNAUTHENTICATED", "authentication"), name
+    assert len(set(faces.values())) == 1
+    shapes = {
+        json.dumps(e.error.to_model(), sort_keys=True)
+        for c, s in cases.values()
+        if (e := lab_rt.invoke(c, {"n": 1}, actor=token, surface=s or "direct")).error
+    }
+    assert len(shapes) == 1 and '"UNAUTHENTICATED"' in shapes.pop()
+
+
 def test_si8_invalid_input_to_a_hidden_capability_reveals_nothing(
     lab_plant: Plant, lab_rt: warden.Runtime
 ) -> None:

@@ -1,4 +1,5 @@
-"""Step 3: authenticate the actor the call is made for."""
+"""Step 3: authenticate the actor the call is made for. The plane runs it
+first, before step 2 resolves the id (see ``begin.STAGES``)."""
 
 from __future__ import annotations
 

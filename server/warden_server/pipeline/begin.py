@@ -50,9 +50,13 @@ if TYPE_CHECKING:
 
 Stage = Callable[["Plane", BeginContext], Failure | None]
 
+# The actor is authenticated before the capability is resolved: answered the
+# other way round, a caller without a valid token would learn which ids exist
+# (UNAUTHENTICATED for those, CAPABILITY_NOT_FOUND for the rest), which SI-8
+# forbids.
 STAGES: tuple[Stage, ...] = (
-    resolve,
     authenticate,
+    resolve,
     visibility,
     validate,
     authorize,

@@ -1,4 +1,6 @@
-"""Step 2: resolve the capability id (and version) the call names."""
+"""Step 2: resolve the capability id (and version) the call names. It runs
+after step 3, so that a caller without a valid token cannot tell which ids
+exist (SI-8)."""
 
 from __future__ import annotations
 
