@@ -32,7 +32,7 @@ from warden._handlers import HandlerThreads
 from warden._outbox import IdempotencyScope, Outbox
 from warden._transport import Transport
 from warden.shared.canonical import compact_json
-from warden.shared.redaction import scrub_json, scrub_text
+from warden.shared.redaction import scrub_json, scrub_text, unechoed, value_texts
 from warden.shared.schema import validation_issues
 from warden.v1 import errors_pb2, governor_pb2
 
@@ -289,7 +289,9 @@ class AttemptRunner:
             granted.secrets = spec.input_secrets(grant.input_json)
             model = spec.input_model.model_validate_json(grant.input_json)
         except (ValidationError, ValueError) as exc:
-            issues = _pydantic_issues(exc) if isinstance(exc, ValidationError) else []
+            issues = (
+                _pydantic_issues(exc, grant.input_json) if isinstance(exc, ValidationError) else []
+            )
             error = CapabilityError("INPUT_INVALID", details={"issues": issues}, cause=exc)
             return self._report(granted, error)
         refusal = await self._authorize(spec, model, ctx, waits)
@@ -506,14 +508,22 @@ def _checked_output(spec: CapabilitySpec, result: Any, granted: _Granted) -> tup
         ) from None
 
 
-def _pydantic_issues(exc: ValidationError) -> list[dict[str, str]]:
-    return sorted(
-        (
-            {"path": "".join(f"/{p}" for p in e["loc"]), "message": e["msg"]}
-            for e in exc.errors(include_input=False, include_url=False)
-        ),
-        key=lambda i: (i["path"], i["message"]),
-    )
+_VALIDATOR_PREFIXES = ("Value error, ", "Assertion failed, ")
+"""What pydantic puts before a validator's own text: not the model's business."""
+
+
+def _pydantic_issues(exc: ValidationError, input_json: str) -> list[dict[str, str]]:
+    """The model's issues: each path, and its message unless that repeats a
+    value of the input (the full text stays in the error's private cause)."""
+    echoes = value_texts(json.loads(input_json))
+    issues = []
+    for e in exc.errors(include_input=False, include_url=False):
+        message = e["msg"]
+        for prefix in _VALIDATOR_PREFIXES:
+            message = message.removeprefix(prefix)
+        path = "".join(f"/{p}" for p in e["loc"])
+        issues.append({"path": path, "message": unechoed(message, echoes)})
+    return sorted(issues, key=lambda i: (i["path"], i["message"]))
 
 
 def error_from_proto(failure: errors_pb2.Failure) -> CapabilityError:

@@ -6,6 +6,7 @@ import asyncio
 import json
 from typing import Any
 
+import pydantic
 import pytest
 
 import warden
@@ -295,6 +296,55 @@ def test_handler_context_carries_the_verified_actor(lab_plant: Plant) -> None:
     assert ctx.actor.roles == ("support", "auditor")
     assert ctx.actor.attrs["desk"] == "emea"
     assert ctx.invocation_id == env.invocation_id
+
+
+class Coupon(pydantic.BaseModel):
+    code: str
+    n: int
+
+    @pydantic.field_validator("code")
+    @classmethod
+    def known(cls, code: str) -> str:
+        if code.startswith("x"):
+            raise ValueError(f"code {code!r} collides with a row of internal_users")
+        return code
+
+    @pydantic.field_validator("n")
+    @classmethod
+    def even(cls, n: int) -> int:
+        if n % 2:
+            raise ValueError("must be even")
+        return n
+
+
+def test_a_validators_message_reaches_the_model_only_when_it_repeats_no_value(
+    lab_plant: Plant,
+) -> None:
+    """The SDK's own validation (a pydantic validator) words an issue as its
+    author did, without pydantic's prefix, unless the text quotes a value of
+    the input: then the model gets a fixed message, and the whole text stays
+    in the private cause (SPEC §1: values are never echoed)."""
+    rt = warden.Runtime(lab_plant.target, service="orders", token=ORDERS_TOKEN)
+
+    @rt.capability("orders.coupon", input=Coupon, output=EchoOut, side_effect="read")
+    def coupon(inp: Coupon, ctx: warden.Context) -> EchoOut:
+        return EchoOut(n=inp.n)
+
+    try:
+        env = rt.invoke("orders.coupon", {"code": "xyz-secret", "n": 3}, actor=lab_plant.token())
+    finally:
+        rt.close()
+    assert env.error is not None and env.error.code == "INPUT_INVALID"
+    assert env.error.details == {
+        "issues": [
+            {"path": "/code", "message": "was refused by the capability's validation"},
+            {"path": "/n", "message": "must be even"},
+        ]
+    }
+    assert "xyz-secret" not in json.dumps(env.error.to_model())
+    assert "internal_users" in str(env.error.cause)
+    (row,) = lab_plant.events(invocation_id=env.invocation_id, kind="outcome")
+    assert "collides with a row of internal_users" in row["cause_message"]  # private, audited
 
 
 def test_integers_beyond_the_interoperable_range_are_invalid_input(

@@ -41,7 +41,15 @@ import type { GrantKey } from "./grants.js";
 import { uuid7 } from "./ids.js";
 import { Reports } from "./reports.js";
 import { DEFAULT_RETRY, delayMs, mayRetry, type RetryPolicy } from "./retry.js";
-import { type Schema, scrubJson, scrubText, sensitiveTexts, stripModelHidden } from "./schema.js";
+import {
+  type Schema,
+  scrubJson,
+  scrubText,
+  sensitiveTexts,
+  stripModelHidden,
+  unechoed,
+  valueTexts,
+} from "./schema.js";
 import { pointer } from "./standard-schema.js";
 import { PlaneRefusedError, Transport } from "./transport.js";
 
@@ -417,10 +425,19 @@ export class Runtime {
       if (spec.inputValidator) {
         const result = await spec.inputValidator["~standard"].validate(raw);
         if (result.issues) {
+          // Each path, and its message unless that repeats a value of the input;
+          // the validator's whole text stays in the private cause.
+          const echoes = valueTexts(raw);
           const issues = result.issues
-            .map((issue) => ({ path: pointer(issue), message: issue.message }))
+            .map((issue) => ({ path: pointer(issue), message: unechoed(issue.message, echoes) }))
             .sort((a, b) => (a.path + a.message < b.path + b.message ? -1 : 1));
-          const error = new CapabilityError("INPUT_INVALID", undefined, { details: { issues } });
+          const cause = new Error(
+            result.issues.map((issue) => `${pointer(issue)}: ${issue.message}`).join("; "),
+          );
+          const error = new CapabilityError("INPUT_INVALID", undefined, {
+            details: { issues },
+            cause,
+          });
           return this.report(granted, { error });
         }
         input = result.value;

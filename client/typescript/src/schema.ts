@@ -83,6 +83,24 @@ export function sensitiveTexts(value: Json, schema: Schema): Set<string> {
   return new Set([...found].filter((text) => text.length >= MIN_SCRUB_CHARS));
 }
 
+/** An input issue's message in place of one that repeats a value of the input. */
+export const VALIDATION_REFUSED = "was refused by the capability's validation";
+
+/** The text forms of every string and number in `value` long enough to search for. */
+export function valueTexts(value: Json): Set<string> {
+  return new Set([...scalarTexts(value)].filter((text) => text.length >= MIN_SCRUB_CHARS));
+}
+
+/**
+ * An input issue's message, or `VALIDATION_REFUSED` when it repeats a value of
+ * the input: a validator's own text may quote what it refused, and issue
+ * messages never echo values (SPEC §1, SI-5).
+ */
+export function unechoed(message: string, texts: Iterable<string>): string {
+  for (const text of texts) if (message.includes(text)) return VALIDATION_REFUSED;
+  return message;
+}
+
 function* scalarTexts(value: Json): Generator<string> {
   if (Array.isArray(value)) {
     for (const child of value) yield* scalarTexts(child);

@@ -78,6 +78,23 @@ def scrub_text(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
+VALIDATION_REFUSED: Final = "was refused by the capability's validation"
+"""An input issue's message in place of one that repeats a value of the input."""
+
+
+def value_texts(value: JSONValue) -> frozenset[str]:
+    """The text forms of every string and number in ``value`` long enough to
+    search for (``MIN_SCRUB_CHARS``), as ``sensitive_texts`` gives them."""
+    return frozenset(text for text in _scalar_texts(value) if len(text) >= MIN_SCRUB_CHARS)
+
+
+def unechoed(message: str, texts: Iterable[str]) -> str:
+    """An input issue's message, or ``VALIDATION_REFUSED`` when it repeats a
+    value of the input: a validator's own text may quote what it refused, and
+    issue messages never echo values (SPEC §1, SI-5)."""
+    return VALIDATION_REFUSED if any(text in message for text in texts) else message
+
+
 def scrub_json(value: JSONValue, secrets: Iterable[str]) -> JSONValue:
     """A copy of ``value`` whose strings (and keys) have every secret masked."""
     known = frozenset(secrets)

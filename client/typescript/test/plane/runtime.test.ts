@@ -93,7 +93,17 @@ function service(at = target, governanceTimeoutMs = 2_000): Runtime {
       id: "billing.pay",
       input: amountIn,
       output: { type: "object", properties: { n: { type: "integer" } } },
-      validators: { input: z.object({ amount: z.number().max(1000, "at most 1000") }) },
+      validators: {
+        input: z.object({
+          amount: z
+            .number()
+            .max(1000, "at most 1000")
+            .refine(
+              (v) => v !== 777,
+              (v) => ({ message: `${v} is an amount the ledger reserves` }),
+            ),
+        }),
+      },
     },
     () => {
       count("pay");
@@ -198,6 +208,17 @@ describe("a TypeScript service on a real plane", () => {
       retryable: false,
       details: { issues: [{ path: "/amount", message: "at most 1000" }] },
     });
+    assert.equal(ran.pay, undefined);
+  });
+
+  test("a validator's message that repeats a value of the input is not the model's", async () => {
+    const envelope = await rt.invoke("billing.pay", { amount: 777 }, { actor });
+    const error = failure(envelope);
+    assert.ok(error);
+    assert.deepEqual(error.details, {
+      issues: [{ path: "/amount", message: "was refused by the capability's validation" }],
+    });
+    assert.match(String(error.cause), /777 is an amount the ledger reserves/);
     assert.equal(ran.pay, undefined);
   });
 
