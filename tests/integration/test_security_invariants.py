@@ -409,6 +409,9 @@ def test_si6_an_approval_is_bound_to_capability_version_actor_and_input(
         "another actor": _resume(
             lab_plant, approved, actor=lab_plant.token(sub="bot-8"), approval_id=approval_id
         ),
+        "the same id in another tenant": _resume(
+            lab_plant, approved, actor=lab_plant.token(tenant="globex"), approval_id=approval_id
+        ),
         "another version": _resume(
             lab_plant, approved, actor=requester, approval_id=approval_id, version="2"
         ),
@@ -425,6 +428,7 @@ def test_si6_an_approval_is_bound_to_capability_version_actor_and_input(
     assert reasons == {
         "edited input": "approval-not-bound:input_digest",
         "another actor": "approval-not-bound:requester",
+        "the same id in another tenant": "approval-not-bound:tenant",
         "another version": "approval-not-bound:capability_version",
         "unknown approval": "approval-not-bound:unknown-id",
     }

@@ -1,7 +1,8 @@
 """Step 8: approval — suspend for a human, or check the approval presented.
 
 A new ``require_approval`` decision creates a pending approval bound to the
-capability id and version, the requester and the input digest (SI-6). A
+capability id and version, the requester (id and tenant) and the input digest
+(SI-6). A
 resumed call must present an approval bound to exactly that and asked for by
 the rule that requires approval now; it is consumed atomically when the grant
 is written, so it works once.
@@ -84,6 +85,9 @@ def _unbound(ctx: BeginContext, record: ApprovalRecord | None) -> str:
         "capability_version": ctx.capability.version,
         "service": ctx.request.service.name,
         "requester": ctx.actor.id,
+        # An actor is its id within its tenant: another tenant's "sam" is
+        # another person (SI-13).
+        "tenant": ctx.actor.tenant,
         "input_digest": ctx.input_digest,
     }
     actual = {
@@ -91,6 +95,7 @@ def _unbound(ctx: BeginContext, record: ApprovalRecord | None) -> str:
         "capability_version": record.capability_version,
         "service": record.service,
         "requester": record.requester_id,
+        "tenant": record.tenant,
         "input_digest": record.input_digest,
     }
     return ",".join(key for key in expected if expected[key] != actual[key])

@@ -8,6 +8,7 @@ key, before the reservation expires, is answered without a grant:
 the reservation              the repeat gets
 ============================ ==============================================
 another input digest         ``IDEMPOTENCY_CONFLICT``
+made under another tenant    ``IDEMPOTENCY_CONFLICT``: never replayed across
 completed                    the recorded outcome, replayed (``ctx.replay``)
 running, grant still valid   ``OPERATION_IN_PROGRESS`` (retryable)
 running, grant expired       ``OUTCOME_UNKNOWN``: the outcome never arrived,
@@ -65,10 +66,15 @@ def _answer_from(
     first = held.invocation_id
     if held.input_digest != ctx.input_digest:
         return fail("IDEMPOTENCY_CONFLICT", f"idempotency-conflict:{first}")
+    invocation = plane.store.get_invocation(first)
+    assert ctx.actor is not None
+    if invocation is not None and invocation.tenant != ctx.actor.tenant:
+        # The same actor id under another tenant's token: the key's outcome
+        # was made for that tenant and is never replayed to another (SI-13).
+        return fail("IDEMPOTENCY_CONFLICT", f"idempotency-other-tenant:{first}")
     if held.state == "completed":
         ctx.replay = held
         return None
-    invocation = plane.store.get_invocation(first)
     if invocation is None or now >= invocation.expires_at:
         return fail("OUTCOME_UNKNOWN", f"outcome-never-reported:{first}")
     return fail("OPERATION_IN_PROGRESS", f"in-progress:{first}")

@@ -503,6 +503,38 @@ def test_keys_are_scoped_to_the_actor(
     assert ledger.runs() == 2
 
 
+def test_si13_a_key_is_never_replayed_to_the_same_actor_id_under_another_tenant(
+    payments: warden.Runtime, pay_plant: Plant, ledger: Ledger
+) -> None:
+    first = payments.invoke(
+        "orders.pay",
+        pay_input(),
+        actor=pay_plant.token(sub="sam", tenant="acme"),
+        idempotency_key="shared",
+    )
+    other = payments.invoke(
+        "orders.pay",
+        pay_input(),
+        actor=pay_plant.token(sub="sam", tenant="globex"),
+        idempotency_key="shared",
+    )
+    assert first.status == "succeeded"
+    assert other.status == "failed" and other.error is not None
+    assert other.error.code == "IDEMPOTENCY_CONFLICT" and other.replayed_from is None
+    assert other.output is None
+    assert decision(pay_plant, other.invocation_id)["reason"] == (
+        f"idempotency-other-tenant:{first.invocation_id}"
+    )
+    again = payments.invoke(
+        "orders.pay",
+        pay_input(),
+        actor=pay_plant.token(sub="sam", tenant="acme"),
+        idempotency_key="shared",
+    )
+    assert again.replayed_from == first.invocation_id  # its own tenant still replays
+    assert ledger.runs() == 1
+
+
 def test_replays_survive_a_restart_with_the_same_replay_key(
     launch: Callable[..., Plant], ledger: Ledger
 ) -> None:
