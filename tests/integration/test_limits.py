@@ -56,6 +56,10 @@ limits:
     capabilities: ["orders.charge"]
     key: input.card
     concurrency: 1
+  - id: charges-per-card
+    capabilities: ["orders.charge"]
+    key: '"card-" + input.card'
+    rate: 100/hour
   - id: pings-rollout
     capabilities: ["orders.ping"]
     key: actor.id
@@ -414,11 +418,15 @@ def test_si5_a_limit_keyed_by_a_sensitive_field_keeps_it_out_of_the_store(
     # The same card again: counted under the same (stored) key.
     assert _begin(limited, limited.token(), "orders.charge", card) == "failure"
     (row,) = limited.events(kind="decision", status="granted")
-    (counted,) = json.loads(row["rules"])["limits"]["counted"]
-    assert (counted["id"], counted["key"]) == ("one-card-at-a-time", "[REDACTED]")
+    counted = json.loads(row["rules"])["limits"]["counted"]
+    # A key that only holds the value ("card-" + input.card) is kept out too.
+    assert sorted((c["id"], c["key"]) for c in counted) == [
+        ("charges-per-card", "[REDACTED]"),
+        ("one-card-at-a-time", "[REDACTED]"),
+    ]
     everything = [
         limited.rows(f"SELECT * FROM {table}")
         for table in ("audit_events", "limit_holds", "limit_buckets")
     ]
-    assert len(everything[1]) == 1
+    assert len(everything[1]) == 1 and len(everything[2]) == 1
     assert "4111222233334444" not in json.dumps(everything)

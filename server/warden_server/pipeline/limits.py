@@ -55,15 +55,16 @@ def limits(plane: Plane, ctx: BeginContext) -> Failure | None:
 
 
 def _stored_keys(plane: Plane, ctx: BeginContext, counted: LimitsOutcome) -> LimitsOutcome:
-    """Keys as the store may keep them: a key that is a sensitive input value
-    is counted by its stored form (``[redaction]``), never in clear (SI-5)."""
+    """Keys as the store may keep them: a key that is, or holds, a sensitive
+    input value (``"card-" + input.card``) is counted by its stored form
+    (``[redaction]``), never in clear (SI-5)."""
     assert ctx.capability is not None
     if not counted.calls or not ctx.capability.sensitive_input:
         return counted
     secrets = sensitive_texts(ctx.input, ctx.capability.definition.input_schema)
     calls = tuple(
         replace(call, key=str(plane.redaction.replacement(call.key)))
-        if call.key in secrets
+        if any(secret in call.key for secret in secrets)
         else call
         for call in counted.calls
     )
