@@ -221,6 +221,29 @@ def test_a_budget_refuses_the_call_that_does_not_fit_and_gives_back_unrun_calls(
     assert row["reason"] == "limited-by:refund-budget-per-tenant"
 
 
+def test_a_keyed_repeat_of_a_completed_call_is_replayed_when_the_budget_is_spent(
+    limited: Plant, service: Service
+) -> None:
+    """A replay spends nothing, so no limit stops it: a caller that lost the
+    answer to a refund gets that answer, not "the budget is spent"."""
+    rt = service.runtime(limited.target)
+    token = limited.token("bot-7", tenant="acme")
+    try:
+        first = rt.invoke("orders.refund", {"amount": 3000}, actor=token, idempotency_key="r-1")
+        spent = rt.invoke("orders.refund", {"amount": 2000}, actor=token)
+        over = rt.invoke("orders.refund", {"amount": 100}, actor=token)
+        again = rt.invoke("orders.refund", {"amount": 3000}, actor=token, idempotency_key="r-1")
+    finally:
+        rt.close()
+    assert [first.status, spent.status] == ["succeeded", "succeeded"]
+    assert over.error is not None and over.error.code == "RATE_LIMITED"
+    assert again.status == "succeeded" and again.replayed_from == first.invocation_id
+    assert service.refunds == 2
+    assert decision(limited, again.invocation_id)["reason"] == (
+        f"idempotent-replay:{first.invocation_id}"
+    )
+
+
 def test_a_call_over_what_is_left_is_limited_before_approval_is_asked(
     limited: Plant, service: Service
 ) -> None:

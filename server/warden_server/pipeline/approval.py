@@ -55,11 +55,8 @@ def approval(plane: Plane, ctx: BeginContext) -> Failure | None:
         details = {"reason": record.reason} if record.reason else None
         return fail("APPROVAL_DENIED", "approval-denied", details=details)
     if record.state == "consumed":
-        if ctx.request.idempotency_key:
-            # Perhaps a repeat of the resume that consumed it: the idempotency
-            # stage replays that call, or refuses.
-            ctx.approval_used_before = True
-            return None
+        # A repeat of the keyed resume that consumed it was answered by the
+        # idempotency stage, which runs first.
         return fail("APPROVAL_DENIED", "approval-already-used")
     ctx.consume_approval = True
     return None

@@ -50,10 +50,13 @@ if TYPE_CHECKING:
 
 Stage = Callable[["Plane", BeginContext], Failure | None]
 
-# The actor is authenticated before the capability is resolved: answered the
-# other way round, a caller without a valid token would learn which ids exist
-# (UNAUTHENTICATED for those, CAPABILITY_NOT_FOUND for the rest), which SI-8
-# forbids.
+# Two stages run out of the SPEC's numbering. The actor is authenticated
+# before the capability is resolved: the other way round, a caller without a
+# valid token would learn which ids exist (UNAUTHENTICATED for those,
+# CAPABILITY_NOT_FOUND for the rest), which SI-8 forbids. And an idempotency
+# key is looked up before limits and approval: a repeat of a completed call is
+# answered with its recorded outcome (SPEC §8), which spends nothing and needs
+# no second approval; the rules still decide whether the caller may have it.
 STAGES: tuple[Stage, ...] = (
     authenticate,
     resolve,
@@ -61,9 +64,9 @@ STAGES: tuple[Stage, ...] = (
     validate,
     authorize,
     policy,
+    idempotency,
     limits,
     approval,
-    idempotency,
 )
 
 
@@ -184,8 +187,8 @@ def begin_steps(plane: Plane, request: BeginRequest) -> Steps:
         failure = plane.telemetry.run_stage(stage, plane, ctx)
         if failure is not None:
             return (yield from _refuse(plane, ctx, failure))
-    if ctx.replay is not None:
-        return (yield from _replay(plane, ctx, ctx.replay))
+        if ctx.replay is not None:
+            return (yield from _replay(plane, ctx, ctx.replay))
     refusal: Failure
     try:
         return (yield from _grant(plane, ctx))

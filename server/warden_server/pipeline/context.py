@@ -62,9 +62,6 @@ class BeginContext:
     approval: ApprovalRecord | None = None
     """The approval the call presented, once it is known to be bound to the call."""
     consume_approval: bool = False
-    approval_used_before: bool = False
-    """The presented approval was consumed by an earlier call with the same
-    idempotency key: only that call's replay may answer."""
     reservation: IdempotencyRecord | None = None
     """The idempotency key to reserve with the grant."""
     replay: IdempotencyRecord | None = None

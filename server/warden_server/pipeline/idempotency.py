@@ -43,8 +43,6 @@ def idempotency(plane: Plane, ctx: BeginContext) -> Failure | None:
     held = plane.store.get_idempotency(service, capability.id, actor.id, key)
     if held is not None and now < held.expires_at:
         return _answer_from(plane, ctx, held, now)
-    if ctx.approval_used_before:
-        return fail("APPROVAL_DENIED", "approval-already-used")
     window = timedelta(seconds=plane.config.idempotency.window_seconds)
     ctx.reservation = IdempotencyRecord(
         service=service,
