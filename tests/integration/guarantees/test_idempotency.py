@@ -488,9 +488,7 @@ def test_an_idempotent_resume_after_approval(
     assert no_key.error is not None and no_key.error.code == "APPROVAL_DENIED"
     # The key's repeat without the approval id is the same call: replayed, not
     # put before an approver a second time.
-    without_approval = payments.invoke(
-        "orders.pay", arguments, actor=actor, idempotency_key="k-10"
-    )
+    without_approval = payments.invoke("orders.pay", arguments, actor=actor, idempotency_key="k-10")
     assert without_approval.status == "succeeded"
     assert without_approval.replayed_from == resumed.invocation_id
     (requested,) = pay_plant.events(kind="approval", status="requested")
