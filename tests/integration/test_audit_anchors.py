@@ -154,3 +154,11 @@ def test_the_plane_publishes_signed_anchors_that_catch_a_log_cut_short(
     conn.close()
     code, _, err = run(*verify, "--anchors", str(config.anchors_path))
     assert code == 1 and "is gone" in err and "cut off" in err, err
+
+    # Without the key its signatures cannot be checked: a line forged without
+    # it would count, so the check is refused rather than trusted.
+    unkeyed = ("audit", "verify", "--config", "absent.toml", "--store", str(plant.db_path))
+    code, out, err = run(*unkeyed, "--anchors", str(config.anchors_path))
+    assert code == 3 and "ok:" not in out, out
+    assert "the anchors are signed, and there is no checkpoint key" in err
+    assert f"{config.anchors_path}:1:" in err

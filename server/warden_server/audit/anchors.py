@@ -142,15 +142,28 @@ class PublishedAnchor:
 
 def newest_published(path: Path, verifier: CheckpointVerifier | None) -> PublishedAnchor:
     """The newest anchor of an anchors file whose signature holds under
-    ``verifier`` (any newest anchor when there is no key to check with).
+    ``verifier``. Without a key, the newest anchor as written, and only in a
+    file of unsigned anchors (a plane that holds no checkpoint key writes
+    those): signatures that cannot be checked would let a forged line count.
 
     Raises:
-        ValueError: no usable anchor in the file, with why, naming ``file:line``.
+        ValueError: no usable anchor in the file, with why, naming ``file:line``;
+            or signed anchors and no key to check them with.
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise ValueError(f"{path}: {exc.strerror or exc}") from None
+    if verifier is None:
+        signed = next(
+            (n for n, line in enumerate(lines, 1) if '"signature"' in line and _signed(line)), None
+        )
+        if signed is not None:
+            raise ValueError(
+                f"{path}:{signed}: the anchors are signed, and there is no checkpoint key "
+                "to check them with (--public-key or [audit] checkpoint_key_file): a line "
+                "forged without the key would count"
+            )
     problems = []
     for number in range(len(lines), 0, -1):
         text = lines[number - 1].strip()
@@ -166,6 +179,13 @@ def newest_published(path: Path, verifier: CheckpointVerifier | None) -> Publish
             continue
         return published
     raise ValueError("; ".join(problems[:3]) or f"{path}: no anchors")
+
+
+def _signed(line: str) -> bool:
+    try:
+        return bool(PublishedAnchor.parse(line.strip()).signature)
+    except ValueError:
+        return False
 
 
 class AnchorPublisher:
