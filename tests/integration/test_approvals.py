@@ -545,8 +545,23 @@ def test_a_withdrawn_rule_leaves_its_approvals_undecidable(
     assert raised.value.status == "FAILED_PRECONDITION"
     assert "no longer asks for approval" in str(raised.value)
     assert refusal(lab_plant, env.approval_id or "")["reason"] == "rule-withdrawn:lab-approval"
-    # The resumed call is decided afresh: the policies now allow it outright.
-    assert resume(lab_rt, lab_plant, env.approval_id or "").status == "succeeded"
+    # The resumed call is decided afresh: the policies now allow it outright,
+    # and the approval it presented goes with it.
+    first = resume(lab_rt, lab_plant, env.approval_id or "")
+    assert first.status == "succeeded" and lab.count("echo") == 1
+    consumed = [
+        r for r in approval_rows(lab_plant, env.approval_id or "") if r["status"] == "consumed"
+    ]
+    assert [r["invocation_id"] for r in consumed] == [first.invocation_id]
+    # The rule comes back: the approval can neither be decided nor run the call again.
+    swap_policies(lab_plant, tmp_path / "restored", LAB_POLICIES)
+    with approver(lab_plant) as approvals:
+        assert approvals.get(env.approval_id or "").state == "consumed"
+        with pytest.raises(warden.ApprovalError):
+            approvals.approve(env.approval_id or "")
+    again = resume(lab_rt, lab_plant, env.approval_id or "")
+    assert again.error is not None and again.error.code == "APPROVAL_DENIED"
+    assert lab.count("echo") == 1
 
 
 @pytest.mark.single_process

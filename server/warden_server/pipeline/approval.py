@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 def approval(plane: Plane, ctx: BeginContext) -> Failure | None:
     decision = ctx.decision
     if decision is None or decision.effect != "require_approval":
+        if ctx.request.approval_id:
+            _supersede(plane, ctx)
         return None
     assert decision.rule is not None and ctx.capability is not None and ctx.actor is not None
     if not ctx.request.approval_id:
@@ -60,6 +62,19 @@ def approval(plane: Plane, ctx: BeginContext) -> Failure | None:
         return fail("APPROVAL_DENIED", "approval-already-used")
     ctx.consume_approval = True
     return None
+
+
+def _supersede(plane: Plane, ctx: BeginContext) -> None:
+    """The call presented an approval the rules no longer ask for: it runs as
+    they allow, and an approval bound to it that is still open goes with it."""
+    record = plane.store.get_approval(ctx.request.approval_id)
+    if record is None or _unbound(ctx, record) or record.state not in ("pending", "approved"):
+        return
+    if is_due(record, ctx.now):
+        return
+    ctx.approval = record
+    ctx.approval_id = record.approval_id
+    ctx.approval_superseded = True
 
 
 def _request(plane: Plane, ctx: BeginContext, reason: str) -> Failure:

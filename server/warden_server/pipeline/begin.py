@@ -239,13 +239,22 @@ def _grant(plane: Plane, ctx: BeginContext) -> Steps:
     # Built here, not in the store's writer, whose time every process waits for.
     decided = _decision_event(plane, ctx, "granted", None)
 
+    consumed = False
+
     def work(tx: WriteTransaction) -> None:
+        nonlocal consumed
         _claim(tx, request.invocation_id)
         if ctx.consume_approval:
             assert ctx.approval is not None
             if not tx.consume_approval(ctx.approval.approval_id, iso(ctx.now)):
                 raise ApprovalAlreadyUsed
             tx.append_audit(_approval_event(ctx, "consumed", ctx.approval))
+            consumed = True
+        elif ctx.approval_superseded:
+            assert ctx.approval is not None
+            if tx.consume_approval(ctx.approval.approval_id, iso(ctx.now), pending_too=True):
+                tx.append_audit(_approval_event(ctx, "consumed", ctx.approval))
+                consumed = True
         if reservation is not None and not tx.reserve_idempotency(reservation, iso(ctx.now)):
             raise KeyAlreadyReserved
         ctx.limited = []
@@ -268,10 +277,10 @@ def _grant(plane: Plane, ctx: BeginContext) -> Steps:
 
     # A grant is never committed once its requester has stopped waiting for it.
     yield Write(work, deadline=request.deadline)
-    if ctx.consume_approval:
+    if consumed:
         assert ctx.approval is not None
-        consumed = dataclasses.replace(ctx.approval, state="consumed")
-        plane.approval_events.publish([ApprovalChange("consumed", consumed)])
+        used = dataclasses.replace(ctx.approval, state="consumed")
+        plane.approval_events.publish([ApprovalChange("consumed", used)])
     token = plane.grants.sign(
         GrantClaims(
             invocation_id=request.invocation_id,

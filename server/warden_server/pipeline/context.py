@@ -62,6 +62,10 @@ class BeginContext:
     approval: ApprovalRecord | None = None
     """The approval the call presented, once it is known to be bound to the call."""
     consume_approval: bool = False
+    approval_superseded: bool = False
+    """The rules no longer ask for the approval the call presented: it is
+    consumed with the grant if it still can be, so that it cannot authorize
+    the same call a second time once they ask again."""
     reservation: IdempotencyRecord | None = None
     """The idempotency key to reserve with the grant."""
     replay: IdempotencyRecord | None = None

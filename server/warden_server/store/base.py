@@ -99,9 +99,12 @@ class InvocationWrites(Protocol):
 class ApprovalWrites(Protocol):
     def insert_approval(self, record: ApprovalRecord) -> None: ...
 
-    def consume_approval(self, approval_id: str, consumed_at: str) -> bool:
-        """Move an approval from ``approved`` to ``consumed``; False if it was not
-        approved or had expired by ``consumed_at``."""
+    def consume_approval(
+        self, approval_id: str, consumed_at: str, *, pending_too: bool = False
+    ) -> bool:
+        """Move an approval from ``approved`` (or, with ``pending_too``, from
+        ``pending``) to ``consumed``; False if it was in neither state or had
+        expired by ``consumed_at``."""
         ...
 
     def decide_approval(

@@ -277,10 +277,13 @@ class SQLiteTransaction:
             },
         )
 
-    def consume_approval(self, approval_id: str, consumed_at: str) -> bool:
+    def consume_approval(
+        self, approval_id: str, consumed_at: str, *, pending_too: bool = False
+    ) -> bool:
+        states = "'approved', 'pending'" if pending_too else "'approved'"
         return self._approval_transition(
             approval_id,
-            "state = 'approved' AND expires_at > :at",
+            f"state IN ({states}) AND expires_at > :at",
             {"at": consumed_at},
             state="consumed",
             decided_at=lambda current: current["decided_at"] or consumed_at,
