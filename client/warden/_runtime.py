@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -689,10 +690,27 @@ def _encode_input(value: Mapping[str, Any] | BaseModel | str) -> str:
     """The input as JSON text; anything that is not JSON becomes text the plane
     rejects as INPUT_INVALID at stage ``adapter`` (and records)."""
     if isinstance(value, str):
-        return value
+        return _escaped_surrogates(value)
     if isinstance(value, BaseModel):
         return value.model_dump_json()
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        return _escaped_surrogates(json.dumps(value, ensure_ascii=False, allow_nan=False))
     except (TypeError, ValueError):
         return ""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escaped_surrogates(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate (which a JSON escape
+    such as ``"\\ud800"`` parses to) written back as that escape, so that the
+    plane answers INPUT_INVALID and records the call; the wire cannot carry
+    the character itself."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+    return text
