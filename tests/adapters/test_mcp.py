@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
+import threading
 from typing import Any
 
 import anyio
@@ -235,3 +237,68 @@ def test_serve_stdio_serves_the_example_service_for_the_actor_in_its_environment
     assert names == ["orders.get", "orders.refund"]
     assert got.structured_content == {"order_id": "A1", "total": 1250, "refundable": True}
     assert (hidden.code, hidden.message) == (-32602, "Unknown tool")
+
+
+def test_serve_stdio_answers_a_line_that_is_not_a_message_as_json_rpc_says(
+    dev_plane: Server,
+) -> None:
+    """The MCP SDK drops a line it cannot read, and the client waits for an
+    answer that never comes; the adapter answers it (id null) and serves on."""
+    actor = mint_token(
+        dev_plane.plane.config, subject="bot-7", roles=("support",), tenant="acme", attrs={}
+    )
+    lines = [
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "test", "version": "1"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        "this is not JSON",
+        # A lone surrogate escape: JSON to some parsers, not to the MCP SDK's.
+        '{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+        '"params":{"name":"orders.get","arguments":{"order_id":"\\ud800"}}}',
+        {"hello": "world"},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "orders.get", "arguments": {"order_id": "A1"}},
+        },
+    ]
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "orders" / "mcp_server.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "WARDEN_TARGET": dev_plane.target, "WARDEN_ACTOR_TOKEN": actor},
+    )
+    killer = threading.Timer(30, process.kill)
+    killer.start()
+    try:
+        assert process.stdin is not None and process.stdout is not None
+        for line in lines:
+            process.stdin.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+        process.stdin.flush()
+        answers = []
+        while not any(a.get("id") == 2 for a in answers):
+            text = process.stdout.readline()
+            assert text, f"the server ended without answering the call: {answers}"
+            answers.append(json.loads(text))
+    finally:
+        killer.cancel()
+        process.kill()
+        process.wait()
+    unreadable = [a["error"] for a in answers if a.get("id") is None]
+    assert unreadable == [
+        {"code": -32700, "message": "Parse error"},
+        {"code": -32700, "message": "Parse error"},
+        {"code": -32600, "message": "Invalid Request"},
+    ]
+    assert answers[-1]["result"]["structuredContent"]["order_id"] == "A1"

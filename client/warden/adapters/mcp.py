@@ -31,20 +31,26 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 try:
     import anyio
+    import anyio.abc
     from mcp import types
     from mcp.server.context import ServerRequestContext
     from mcp.server.lowlevel import Server
     from mcp.server.stdio import stdio_server
     from mcp.shared.exceptions import MCPError
+    from mcp.shared.message import SessionMessage
+    from pydantic import ValidationError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "warden.adapters.mcp needs the mcp package: install the SDK with its extra, "
         "warden[mcp] (from a checkout: pip install './client[mcp]')"
     ) from exc
+
+if TYPE_CHECKING:
+    from mcp.shared._stream_protocols import ReadStream, WriteStream
 
 from warden._cancel import CancelToken
 from warden._capability import DiscoveredCapability
@@ -158,9 +164,41 @@ async def aserve_stdio(
     )
     try:
         async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+            relayed, received = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(_answer_unreadable, read_stream, relayed, write_stream)
+                await server.run(received, write_stream, server.create_initialization_options())
     finally:
         await runtime.aclose()
+
+
+async def _answer_unreadable(
+    read_stream: ReadStream[SessionMessage | Exception],
+    relayed: anyio.abc.ObjectSendStream[SessionMessage | Exception],
+    write_stream: WriteStream[SessionMessage],
+) -> None:
+    """Relay the client's messages to the server, answering each line that is
+    not one as JSON-RPC 2.0 says (the MCP SDK drops it, and the client waits
+    for an answer that never comes): ``-32700`` for text that is not JSON
+    (a lone surrogate escape is not, to its parser), ``-32600`` for JSON that
+    is not a message; ``id`` null, since none could be read."""
+    async with relayed:
+        async for item in read_stream:
+            if not isinstance(item, Exception):
+                await relayed.send(item)
+                continue
+            unparsable = isinstance(item, ValidationError) and any(
+                e["type"] == "json_invalid" for e in item.errors()
+            )
+            code, message = (
+                (types.PARSE_ERROR, "Parse error")
+                if unparsable
+                else (types.INVALID_REQUEST, "Invalid Request")
+            )
+            error = types.JSONRPCError(
+                jsonrpc="2.0", id=None, error=types.ErrorData(code=code, message=message)
+            )
+            await write_stream.send(SessionMessage(error))
 
 
 def serve_stdio(
