@@ -222,3 +222,18 @@ def test_without_strict_the_models_nulls_reach_the_plane_as_written(
     )
     assert json.loads(content)["code"] == "INPUT_INVALID"
     assert seen == []
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_lone_surrogate_escape_is_invalid_input_recorded_by_the_plane(
+    shipping: tuple[warden.Runtime, list[ShipIn]], lab_plant: Plant, strict: bool
+) -> None:
+    """JSON's escape for half a character parses to text UTF-8 cannot carry;
+    taking the model's nulls out used to write it back raw and raise."""
+    rt, seen = shipping
+    written = '{"order_id": "\\ud800", "note": null}'
+    content = warden_openai.call(rt, "orders-ship", written, actor=lab_plant.token(), strict=strict)
+    assert json.loads(content)["code"] == "INPUT_INVALID"
+    assert seen == []
+    (row,) = lab_plant.events(kind="decision", code="INPUT_INVALID")
+    assert row["capability_id"] == "orders.ship"

@@ -6,7 +6,7 @@ what is wrong, never the value.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import orjson
 
@@ -14,6 +14,7 @@ from warden.shared.canonical import (
     JSONLimitError,
     NotCanonicalizable,
     canonical_json,
+    compact_json,
     digest_of,
     strict_loads,
 )
@@ -49,13 +50,15 @@ def validate(plane: Plane, ctx: BeginContext) -> Failure | None:
             for path in _unsafe_integers(value, "")
         ]
     if issues:
+        if not _storable(value):
+            ctx.input = None  # the record of the refusal cannot hold it either
+            issues.append(NOT_UNICODE)
         return fail("INPUT_INVALID", "schema-violation", details={"issues": issues})
     try:
         canonical = canonical_json(value)
     except NotCanonicalizable:
         ctx.input = None  # nothing without a canonical form is stored or digested
-        issue = {"path": "", "message": "must contain only valid Unicode text"}
-        return fail("INPUT_INVALID", "not-canonicalizable", details={"issues": [issue]})
+        return fail("INPUT_INVALID", "not-canonicalizable", details={"issues": [NOT_UNICODE]})
     # The value as its canonical form reads back (``1.0`` is ``1``), and the
     # digest of those same bytes: what policies, approvers and the handler see
     # is exactly what was digested.
@@ -65,6 +68,17 @@ def validate(plane: Plane, ctx: BeginContext) -> Failure | None:
 
 
 MAX_SAFE_INTEGER = 2**53 - 1
+NOT_UNICODE: Final = {"path": "", "message": "must contain only valid Unicode text"}
+
+
+def _storable(value: object) -> bool:
+    """Whether ``value`` can be written as UTF-8: JSON's escape for half a
+    character (``"\\ud800"``) parses to a string that cannot."""
+    try:
+        compact_json(value).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _has_unsafe_integer(value: object) -> bool:
