@@ -314,8 +314,9 @@ class AttemptRunner:
             return self._report(granted, error, executed=ran.is_set())
         except CapabilityError as raised:
             declared = spec.errors.get(raised.code)
-            if declared is not None and raised.expose_to_model:
+            if declared is not None and raised.expose_to_model and _is_json(raised.details):
                 return self._report(granted, raised)
+            # Undeclared, or details no JSON can carry (NaN, a datetime): concealed.
             error = CapabilityError("INTERNAL_ERROR", cause=raised)
             return self._report(granted, error, executed=True)
         except Exception as exc:
@@ -506,6 +507,16 @@ def _checked_output(spec: CapabilitySpec, result: Any, granted: _Granted) -> tup
         raise OutputInvalidError(
             f"output does not match its model: {exc.error_count()} errors"
         ) from None
+
+
+def _is_json(details: Any) -> bool:
+    """Whether a declared error's details are JSON as every reader takes it:
+    no NaN or infinity, nothing but JSON's own kinds."""
+    try:
+        json.dumps(details, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 _VALIDATOR_PREFIXES = ("Value error, ", "Assertion failed, ")

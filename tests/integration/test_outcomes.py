@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pydantic
@@ -201,6 +202,40 @@ def test_declared_error_is_exposed_with_its_message_and_details(
         "details": {"hint": "use another note"},
     }
     assert not env.executed_before_failure
+
+
+@pytest.mark.parametrize(
+    "details",
+    [{"ratio": float("nan")}, {"at": datetime(2026, 1, 2, tzinfo=UTC)}, {"big": float("inf")}],
+    ids=["nan", "datetime", "infinity"],
+)
+def test_a_declared_error_whose_details_are_not_json_is_concealed(
+    lab_plant: Plant, details: dict[str, Any]
+) -> None:
+    """Details are for a model and an audit record to read as JSON: ones no
+    reader takes are the handler breaking its contract, concealed like any
+    other internal failure (the SDKs wrote NaN into the model's text, or
+    raised TypeError out of the function-calling adapter)."""
+    rt = warden.Runtime(lab_plant.target, service="orders", token=ORDERS_TOKEN)
+
+    @rt.capability(
+        "orders.odd",
+        input=EchoOut,
+        output=EchoOut,
+        side_effect="read",
+        errors={"ODD": "Odd numbers are refused."},
+    )
+    def odd(inp: EchoOut, ctx: warden.Context) -> EchoOut:
+        raise ctx.errors.ODD(details=details)
+
+    try:
+        env = rt.invoke("orders.odd", {"n": 1}, actor=lab_plant.token())
+    finally:
+        rt.close()
+    assert env.error is not None
+    assert env.error.to_model() == {"code": "INTERNAL_ERROR", "message": "The operation failed."}
+    assert env.executed_before_failure
+    assert isinstance(env.error.cause, warden.CapabilityError) and env.error.cause.code == "ODD"
 
 
 def test_output_invalid_withholds_output_and_reports_execution(

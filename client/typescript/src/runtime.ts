@@ -492,10 +492,12 @@ export class Runtime {
       if (
         thrown instanceof CapabilityError &&
         spec.errors.has(thrown.code) &&
-        thrown.exposeToModel
+        thrown.exposeToModel &&
+        (thrown.details === null || isJson(thrown.details))
       ) {
         return this.report(granted, { error: thrown });
       }
+      // Undeclared, or details no JSON can carry (NaN, a BigInt): concealed.
       const error = new CapabilityError("INTERNAL_ERROR", undefined, { cause: thrown });
       return this.report(granted, { error, executed: true });
     }

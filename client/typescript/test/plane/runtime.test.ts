@@ -50,9 +50,10 @@ function service(at = target, governanceTimeoutMs = 2_000): Runtime {
       output: object,
       errors: { NOT_ELIGIBLE: "This charge cannot be made." },
     },
-    (_input, ctx) => {
+    (input, ctx) => {
       count("refuse");
-      throw ctx.errors.NOT_ELIGIBLE({ details: { hint: "smaller" } });
+      const odd = (input as { amount: number }).amount === 2;
+      throw ctx.errors.NOT_ELIGIBLE({ details: odd ? { ratio: Number.NaN } : { hint: "smaller" } });
     },
   );
   rt.capability(
@@ -143,6 +144,15 @@ describe("a TypeScript service on a real plane", () => {
     });
     assert.equal(envelope.executedBeforeFailure, false);
     assert.equal(ran.refuse, 1);
+  });
+
+  test("a declared error whose details JSON cannot carry (NaN) is concealed", async () => {
+    const envelope = await rt.invoke("billing.refuse", { amount: 2 }, { actor });
+    assert.deepEqual(failure(envelope)?.toModel(), {
+      code: "INTERNAL_ERROR",
+      message: "The operation failed.",
+    });
+    assert.equal(envelope.executedBeforeFailure, true);
   });
 
   test("an undeclared throw is concealed, and the handler ran", async () => {
