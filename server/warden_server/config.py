@@ -326,7 +326,13 @@ class PoliciesSection(_Section):
 class TelemetrySection(_Section):
     metrics_listen: str | None = None
     """host:port of the Prometheus endpoint (``/metrics``), an IPv6 host in
-    brackets (``[::1]:9464``); unset serves none."""
+    brackets (``[::1]:9464``); unset (or ``"off"``, as ``--metrics-listen off``
+    says it) serves none."""
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_off(cls, value: str | None) -> str | None:
+        return None if value is not None and value.strip() in ("", "off") else value
     traces: Literal["none", "console", "otlp"] = "none"
     """Where finished spans go: ``otlp`` sends them to an OpenTelemetry
     collector over OTLP/HTTP. Trace ids reach the audit records either way."""

@@ -334,3 +334,12 @@ def test_webhook_notifications_on_a_postgresql_store_are_a_clear_error() -> None
     assert "[notifications] webhooks need the SQLite store for now" in message
     data["server"] = {"store": "var/warden.db"}
     assert config_from_dict(data).notifications.webhooks[0].url == hook["url"]
+
+
+@pytest.mark.parametrize("value", ["off", "", " off "])
+def test_metrics_listen_off_in_the_file_serves_none_as_the_flag_does(
+    tmp_path: Path, value: str
+) -> None:
+    text = VALID_TOML + f'\n[telemetry]\nmetrics_listen = "{value}"\n'
+    config = load_config(write_config(tmp_path, text), environ={})
+    assert config.telemetry.metrics_listen is None
