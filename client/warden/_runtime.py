@@ -34,6 +34,7 @@ from pydantic import BaseModel
 
 from warden._cancel import CancelToken
 from warden._capability import (
+    SURFACES,
     CapabilitySpec,
     DiscoveredCapability,
     ErrorSpec,
@@ -462,6 +463,7 @@ class Runtime:
         timeout_ms: int | None,
         retry: RetryPolicy | None,
     ) -> _Call:
+        _check_surface(surface)
         if timeout_ms is not None and timeout_ms <= 0:
             raise WardenError("timeout_ms must be positive")
         if idempotency_key is not None and len(idempotency_key) > MAX_IDEMPOTENCY_KEY:
@@ -594,7 +596,9 @@ class Runtime:
             CapabilityError: UNAUTHENTICATED when the plane refused the actor's
                 token (or the service's); GOVERNANCE_UNAVAILABLE when it could
                 not be asked.
+            WardenError: ``surface`` is none of the three.
         """
+        _check_surface(surface)
         try:
             await self._ensure_registered()
         except WardenError as exc:
@@ -684,6 +688,13 @@ def _open_outbox(
     except WardenError as exc:
         log.warning("%s; outcome reports are kept in memory only", exc)
         return Outbox(transport, None)
+
+
+def _check_surface(surface: str) -> None:
+    """A surface the plane knows, or the caller's mistake (the plane would
+    refuse the request, and the call would read as the plane failing)."""
+    if surface not in SURFACES:
+        raise WardenError(f"unknown surface {surface!r}; known: {', '.join(SURFACES)}")
 
 
 def _encode_input(value: Mapping[str, Any] | BaseModel | str) -> str:

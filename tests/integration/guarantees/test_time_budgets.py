@@ -81,6 +81,16 @@ def test_a_budget_that_is_not_positive_is_a_programming_error(
         payments.invoke("orders.pay", pay(), actor=pay_plant.token(), timeout_ms=0)
 
 
+def test_an_unknown_surface_is_a_programming_error_not_a_plane_outage(
+    payments: warden.Runtime, pay_plant: Plant, ledger: Ledger
+) -> None:
+    with pytest.raises(warden.WardenError, match="unknown surface 'bogus'"):
+        payments.invoke("orders.pay", pay(), actor=pay_plant.token(), surface="bogus")
+    with pytest.raises(warden.WardenError, match="unknown surface 'slack'"):
+        payments.discover(actor=pay_plant.token(), surface="slack")
+    assert ledger.runs() == 0
+
+
 @pytest.mark.parametrize(
     ("capability", "arguments"),
     [
