@@ -554,3 +554,21 @@ def test_the_public_key_alone_verifies_but_cannot_prune(
         "--key", str(public), ok=False,
     )  # fmt: skip
     assert refused.exit_code == 1 and "needs the private key" in refused.output
+
+
+def test_store_reads_no_warden_toml_it_was_not_given(
+    db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warden.toml lying in the current folder is not read beside --store:
+    a broken one would stop the command, a working one lend its key unasked."""
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / "warden.toml").write_text("[server\nthis is not TOML\n")
+    monkeypatch.chdir(folder)
+    for command in (["query", "--limit", "1"], ["verify"], ["head"]):
+        result = CliRunner().invoke(main, ["audit", *command, "--store", str(db)])
+        assert result.exit_code == 0, (command, result.output)
+    given = CliRunner().invoke(
+        main, ["audit", "head", "--store", str(db), "--config", "warden.toml"]
+    )
+    assert given.exit_code == 1 and "warden.toml" in given.output

@@ -171,10 +171,18 @@ def _key_file(config: Config | None, given: str | None) -> Path | None:
 
 
 def _config_if_present(config_path: str, store: str | None) -> Config | None:
-    """The config, or None when --store names the store and no config file exists."""
-    if store and not Path(config_path).exists():
+    """The config; None when --store names the store and no --config file
+    was given: a warden.toml that happens to lie in the current folder is not
+    read (it could fail to load, or lend its checkpoint key unasked)."""
+    if store and not (_given("config_path") and Path(config_path).exists()):
         return None
     return load(config_path)
+
+
+def _given(name: str) -> bool:
+    """Whether the option was given on the command line (or its variable)."""
+    source = click.get_current_context().get_parameter_source(name)
+    return source not in (None, click.core.ParameterSource.DEFAULT)
 
 
 @click.group()
