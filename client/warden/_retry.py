@@ -22,19 +22,22 @@ class RetryPolicy:
     ``max_backoff_ms`` with full jitter (a uniform draw below the cap), so
     that many callers failing together do not retry together. A
     ``retry_after_ms`` in the error's details (``RATE_LIMITED``) is waited
-    out in full.
+    out in full, up to ``max_wait_ms``: a longer one (a day's budget spent)
+    is not waited for, and the call answers with that failure at once.
 
     Attributes:
         max_attempts: Attempts in all, the first included; 1 never retries.
         initial_backoff_ms: The cap of the first wait.
         max_backoff_ms: The cap no wait grows beyond.
         multiplier: How much the cap grows per attempt.
+        max_wait_ms: The longest ``retry_after_ms`` the runtime waits out.
     """
 
     max_attempts: int = 3
     initial_backoff_ms: int = 100
     max_backoff_ms: int = 2_000
     multiplier: float = 2.0
+    max_wait_ms: int = 10_000
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -43,16 +46,30 @@ class RetryPolicy:
             raise WardenError("backoffs must satisfy 0 <= initial_backoff_ms <= max_backoff_ms")
         if self.multiplier < 1:
             raise WardenError("multiplier must be at least 1")
+        if self.max_wait_ms < 0:
+            raise WardenError("max_wait_ms must not be negative")
+
+    def waits_too_long(self, envelope: Envelope) -> bool:
+        """Whether the failure asks for a longer wait than ``max_wait_ms``."""
+        asked = _retry_after_ms(envelope)
+        return asked is not None and asked > self.max_wait_ms
 
     def delay_s(self, attempt: int, envelope: Envelope, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (from 1)."""
         cap = min(self.max_backoff_ms, self.initial_backoff_ms * self.multiplier ** (attempt - 1))
         delay_ms = (rng or random).uniform(0, cap)
-        details = envelope.error.details if envelope.error else None
-        asked = details.get("retry_after_ms") if isinstance(details, dict) else None
-        if isinstance(asked, int | float) and not isinstance(asked, bool):
-            delay_ms = max(delay_ms, float(asked))
+        asked = _retry_after_ms(envelope)
+        if asked is not None:
+            delay_ms = max(delay_ms, asked)
         return delay_ms / 1000
+
+
+def _retry_after_ms(envelope: Envelope) -> float | None:
+    details = envelope.error.details if envelope.error else None
+    asked = details.get("retry_after_ms") if isinstance(details, dict) else None
+    if isinstance(asked, int | float) and not isinstance(asked, bool):
+        return float(asked)
+    return None
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)

@@ -509,8 +509,10 @@ class Runtime:
                     attempt=attempt,
                 )
             envelope = await self._attempt(call, attempt, waits)
-            if attempt >= call.retry.max_attempts or not may_retry(
-                envelope, side_effect, call.idempotency_key
+            if (
+                attempt >= call.retry.max_attempts
+                or not may_retry(envelope, side_effect, call.idempotency_key)
+                or call.retry.waits_too_long(envelope)
             ):
                 return envelope
             assert envelope.error is not None

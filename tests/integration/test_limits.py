@@ -244,6 +244,28 @@ def test_a_keyed_repeat_of_a_completed_call_is_replayed_when_the_budget_is_spent
     )
 
 
+def test_the_sdk_answers_at_once_when_the_budget_frees_only_tomorrow(
+    limited: Plant, service: Service
+) -> None:
+    """A retry_after_ms of most of a day is not waited out, even for a call
+    the runtime may retry (it carries a key): the failure is the answer."""
+    rt = warden.Runtime(limited.target, service="orders", token=ORDERS_TOKEN)
+    token = limited.token("bot-7", tenant="acme")
+    try:
+        spent = service.runtime(limited.target)
+        try:
+            for amount in (3000, 2000):
+                assert spent.invoke("orders.refund", {"amount": amount}, actor=token).error is None
+        finally:
+            spent.close()
+        over = rt.invoke("orders.refund", {"amount": 100}, actor=token, idempotency_key="r-2")
+    finally:
+        rt.close()
+    assert over.error is not None and over.error.code == "RATE_LIMITED"
+    assert over.error.details is not None and over.error.details["retry_after_ms"] > 3_600_000
+    assert over.attempt == 1, "answered without waiting to retry"
+
+
 def test_a_call_over_what_is_left_is_limited_before_approval_is_asked(
     limited: Plant, service: Service
 ) -> None:

@@ -88,9 +88,19 @@ def test_backoff_waits_out_retry_after() -> None:
     assert policy.delay_s(1, limited, random.Random(1)) == 1.5
 
 
+def test_a_retry_after_beyond_max_wait_is_not_waited_for() -> None:
+    policy = warden.RetryPolicy()
+    assert not policy.waits_too_long(envelope("RATE_LIMITED", details={"retry_after_ms": 10_000}))
+    day = envelope("RATE_LIMITED", details={"retry_after_ms": 86_400_000})
+    assert policy.waits_too_long(day)
+    assert not warden.RetryPolicy(max_wait_ms=86_400_000).waits_too_long(day)
+    assert not policy.waits_too_long(envelope("TIMEOUT"))
+
+
 @pytest.mark.parametrize(
     "arguments",
     [
+        {"max_wait_ms": -1},
         {"max_attempts": 0},
         {"initial_backoff_ms": -1},
         {"initial_backoff_ms": 500, "max_backoff_ms": 100},

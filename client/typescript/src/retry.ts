@@ -20,6 +20,12 @@ export interface RetryPolicy {
   readonly maxBackoffMs: number;
   /** How much the cap grows per attempt. */
   readonly multiplier: number;
+  /**
+   * The longest `retry_after_ms` the runtime waits out (10 s when unset): a
+   * longer one (a day's budget spent) is not waited for, and the call answers
+   * with that failure at once.
+   */
+  readonly maxWaitMs?: number;
 }
 
 export const DEFAULT_RETRY: RetryPolicy = {
@@ -27,7 +33,14 @@ export const DEFAULT_RETRY: RetryPolicy = {
   initialBackoffMs: 100,
   maxBackoffMs: 2_000,
   multiplier: 2,
+  maxWaitMs: 10_000,
 };
+
+/** Whether the failure asks for a longer wait than the policy's `maxWaitMs`. */
+export function waitsTooLong(policy: RetryPolicy, envelope: Envelope): boolean {
+  const asked = envelope.error?.details?.retry_after_ms;
+  return typeof asked === "number" && asked > (policy.maxWaitMs ?? 10_000);
+}
 
 /** A policy that never retries. */
 export const NO_RETRY: RetryPolicy = { ...DEFAULT_RETRY, maxAttempts: 1 };

@@ -40,7 +40,7 @@ import {
 import type { GrantKey } from "./grants.js";
 import { uuid7 } from "./ids.js";
 import { Reports } from "./reports.js";
-import { DEFAULT_RETRY, delayMs, mayRetry, type RetryPolicy } from "./retry.js";
+import { DEFAULT_RETRY, delayMs, mayRetry, type RetryPolicy, waitsTooLong } from "./retry.js";
 import {
   type Schema,
   scrubJson,
@@ -289,7 +289,8 @@ export class Runtime {
       if (
         call.signal?.aborted ||
         attempt >= call.retry.maxAttempts ||
-        !mayRetry(envelope, spec?.sideEffect ?? null, call.idempotencyKey)
+        !mayRetry(envelope, spec?.sideEffect ?? null, call.idempotencyKey) ||
+        waitsTooLong(call.retry, envelope)
       ) {
         return envelope;
       }
