@@ -209,6 +209,7 @@ class Plane:
             telemetry.metrics.limit_usage = lambda: usage_gauges(
                 policies.current(), store, epoch(clock())
             )
+            telemetry.metrics.policy_revision = lambda: policies.current().revision
         except BaseException:
             store.close()
             telemetry.close()

@@ -742,3 +742,46 @@ def test_with_one_process_per_cpu_each_runs_on_a_cpu_of_its_own(tmp_path: Path, 
     else:
         assert placed == [{frozenset(cpus)}, {frozenset(cpus)}], placed
         assert "on CPUs" not in started
+
+
+def test_metrics_show_the_revision_every_process_serves_after_a_reload(tmp_path: Path) -> None:
+    """Each process reports the revision it serves, read when scraped: the
+    plane's figure shows the old revision no more once all have reloaded (it
+    was set by whichever process recorded the load, and the others kept
+    theirs)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.conftest import make_config
+
+    folder = copy_policies(tmp_path / "policies")
+    config = make_config(tmp_path, folder, processes=2, policy_debounce_ms=50)
+    config = config.model_copy(
+        update={"telemetry": config.telemetry.model_copy(update={"metrics_listen": "127.0.0.1:0"})}
+    )
+    server = serve(Plane.from_config(config), "127.0.0.1:0")
+    plant = Plant(server, tmp_path)
+
+    def shown() -> dict[str, float]:
+        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        with urllib.request.urlopen(url) as page:
+            text = page.read().decode()
+        return {
+            s.labels["revision"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "warden_policy_revision_info"
+        }
+
+    try:
+        first = server.plane.policies.current().revision
+        assert shown() == {first: 1}
+        with channel_to_each_process(plant.target, 2) as channels:
+            rules = folder / "orders.yaml"
+            rules.write_text(rules.read_text() + "\n# an edit\n")
+            deadline = time.monotonic() + REVISION_WAIT_S
+            while (seen := revisions(plant, channels)) == {first} or len(seen) > 1:
+                assert time.monotonic() < deadline, f"processes still serve {seen}"
+                time.sleep(0.1)
+        assert shown() == {seen.pop(): 1}
+    finally:
+        server.stop(grace=0)

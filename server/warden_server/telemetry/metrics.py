@@ -207,12 +207,6 @@ class Metrics:
             ["result"],
             registry=r,
         )
-        self.policy_revision = Gauge(
-            "warden_policy_revision_info",
-            "The policy revision in force (value 1).",
-            ["revision"],
-            registry=r,
-        )
         self.processes_replaced = Counter(
             "warden_processes_replaced",
             "Processes of the plane started in place of one that ended while it served "
@@ -234,7 +228,6 @@ class Metrics:
         # python_gc_collections_total{generation} and the objects collected:
         # how often the collector paused the process (processes.prepare_collector).
         GCCollector(registry=r)
-        self._revision: str | None = None
         self._decision_series = Series(self.decisions)
         self._outcome_series = Series(self.outcomes)
 
@@ -247,6 +240,9 @@ class Metrics:
         self.limit_usage: LimitUsage = tuple
         """Where the usage of the limits in force is read (the plane's store)."""
         r.register(_LimitGauges(self))
+        self.policy_revision: Callable[[], str | None] = lambda: None
+        """The revision of the policy set this process serves (its holder's)."""
+        r.register(_RevisionGauge(self))
 
     def stage_seconds_of(self, stage: str, step: str) -> LatencySeries:
         """The ``stage_seconds`` series of one step."""
@@ -295,14 +291,30 @@ class Metrics:
             self.policy_reloads.labels(result="failed").inc()
             return
         self.policy_reloads.labels(result="ok").inc()
-        if self._revision is not None:
-            self.policy_revision.remove(self._revision)
-        self._revision = event.policy_revision
-        self.policy_revision.labels(revision=event.policy_revision).set(1)
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format, as ``/metrics`` serves it."""
         return bytes(generate_latest(self.registry))
+
+
+class _RevisionGauge(Collector):
+    """The revision this process serves, read when scraped: each process
+    swaps its own set, so the plane's figure (merged over its processes) shows
+    every revision in force, one once every process has reloaded."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "warden_policy_revision_info",
+            "The policy revision in force (value 1).",
+            labels=["revision"],
+        )
+        revision = self._metrics.policy_revision()
+        if revision is not None:
+            family.add_metric([revision], 1)
+        return [family]
 
 
 class _LimitGauges(Collector):
