@@ -604,11 +604,22 @@ function stamp(envelope: Envelope, call: Call, attempt: number): Envelope {
 
 function encodeInput(value: unknown): string {
   if (typeof value === "string") return value;
+  // Not JSON (JSON.stringify would write NaN and Infinity, which a model's
+  // 1e400 parses to, as null): the plane answers INPUT_INVALID at stage
+  // adapter, and records it, as it does for the Python SDK.
+  if (holdsNonFinite(value, 0)) return "";
   try {
     return JSON.stringify(value) ?? "";
   } catch {
-    return ""; // not JSON: the plane answers INPUT_INVALID at stage adapter, and records it
+    return "";
   }
+}
+
+function holdsNonFinite(value: unknown, depth: number): boolean {
+  if (typeof value === "number") return !Number.isFinite(value);
+  if (depth > 64 || value === null || typeof value !== "object") return false;
+  const children = Array.isArray(value) ? value : Object.values(value);
+  return children.some((child) => holdsNonFinite(child, depth + 1));
 }
 
 function asCapabilityError(thrown: unknown): CapabilityError {

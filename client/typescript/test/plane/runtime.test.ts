@@ -221,6 +221,19 @@ describe("a TypeScript service on a real plane", () => {
     assert.equal(ran.pay, undefined);
   });
 
+  test("an input holding Infinity (a model's 1e400) is INPUT_INVALID, never null", async () => {
+    const envelope = await rt.invoke(
+      "billing.pay",
+      { amount: Number.POSITIVE_INFINITY },
+      { actor },
+    );
+    const error = failure(envelope);
+    assert.ok(error);
+    assert.equal(error.code, "INPUT_INVALID");
+    assert.equal(error.stage, "adapter");
+    assert.deepEqual(error.details, { issues: [{ path: "", message: "must be a JSON document" }] });
+  });
+
   test("a validator's message that repeats a value of the input is not the model's", async () => {
     const envelope = await rt.invoke("billing.pay", { amount: 777 }, { actor });
     const error = failure(envelope);
