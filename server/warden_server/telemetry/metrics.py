@@ -22,7 +22,6 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    Gauge,
     GCCollector,
     Histogram,
     generate_latest,
