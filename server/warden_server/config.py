@@ -329,10 +329,6 @@ class TelemetrySection(_Section):
     brackets (``[::1]:9464``); unset (or ``"off"``, as ``--metrics-listen off``
     says it) serves none."""
 
-    @field_validator("metrics_listen")
-    @classmethod
-    def _metrics_off(cls, value: str | None) -> str | None:
-        return None if value is not None and value.strip() in ("", "off") else value
     traces: Literal["none", "console", "otlp"] = "none"
     """Where finished spans go: ``otlp`` sends them to an OpenTelemetry
     collector over OTLP/HTTP. Trace ids reach the audit records either way."""
@@ -362,6 +358,11 @@ class TelemetrySection(_Section):
         if seconds <= 0:
             raise ValueError("otlp_metrics_interval: must be longer than 0s")
         return self
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_off(cls, value: str | None) -> str | None:
+        return None if value is not None and value.strip() in ("", "off") else value
 
 
 class ConsoleSection(_Section):
