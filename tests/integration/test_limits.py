@@ -307,6 +307,35 @@ def test_a_call_over_the_whole_budget_is_policy_denied(
     assert service.refunds == 0
 
 
+def test_an_approved_resume_refused_by_a_budget_is_recorded_whole(
+    limited: Plant, service: Service
+) -> None:
+    """The decision names the approval the call presented and the approval's
+    refusal names the call's capability, though the limit refused it before
+    the approval stage ran."""
+    rt = service.runtime(limited.target)
+    token = limited.token("bot-7", tenant="acme")
+    try:
+        suspended = rt.invoke("orders.refund", {"amount": 4500}, actor=token)
+        assert suspended.status == "suspended" and suspended.approval_id
+        with warden.Approvals(
+            limited.target, token=limited.token("mia", roles=("manager",), tenant="acme")
+        ) as approvals:
+            approvals.approve(suspended.approval_id)
+        assert rt.invoke("orders.refund", {"amount": 3000}, actor=token).status == "succeeded"
+        resumed = rt.invoke(
+            "orders.refund", {"amount": 4500}, actor=token, approval_id=suspended.approval_id
+        )
+    finally:
+        rt.close()
+    assert resumed.error is not None and resumed.error.code == "RATE_LIMITED"
+    row = decision(limited, resumed.invocation_id)
+    assert row["approval_id"] == suspended.approval_id
+    (refused,) = limited.events(kind="approval", status="refused")
+    assert (refused["capability_id"], refused["service"]) == ("orders.refund", "orders")
+    assert refused["capability_version"] and refused["invocation_id"] == resumed.invocation_id
+
+
 def test_a_call_needing_approval_reserves_its_cost_only_when_granted(
     limited: Plant, service: Service
 ) -> None:

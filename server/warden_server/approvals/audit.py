@@ -30,6 +30,7 @@ def approval_event(
     surface: str | None = None,
     reason: str | None = None,
     details: dict[str, Any] | None = None,
+    called: tuple[str, str, str] | None = None,
 ) -> AuditEvent:
     """An approval audit record.
 
@@ -44,14 +45,21 @@ def approval_event(
             approval when None.
         reason: Private: why (``separation-of-duties``, ``approval-expired``, ...).
         details: Private structured facts, such as the denial's reason.
+        called: The capability id, version and service of the call that
+            presented the approval: the record's when ``approval`` is None.
     """
+    capability_id, capability_version, service = (
+        (approval.capability_id, approval.capability_version, approval.service)
+        if approval
+        else called or (None, None, None)
+    )
     return AuditEvent(
         kind="approval",
         status=status,
         invocation_id=invocation_id or (approval.invocation_id if approval else None),
-        capability_id=approval.capability_id if approval else None,
-        capability_version=approval.capability_version if approval else None,
-        service=approval.service if approval else None,
+        capability_id=capability_id,
+        capability_version=capability_version,
+        service=service,
         actor_id=actor.id if actor else None,
         tenant=approval.tenant if approval else (actor.tenant if actor else None),
         surface=surface,

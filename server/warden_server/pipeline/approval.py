@@ -138,6 +138,11 @@ def record_refused_use(
             surface=ctx.request.surface,
             reason=failure.reason,
             details={"attempt": "use"},
+            called=(
+                (ctx.capability.id, ctx.capability.version, ctx.request.service.name)
+                if ctx.capability
+                else None
+            ),
         )
     )
     return changes

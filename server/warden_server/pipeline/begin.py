@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from warden.shared.canonical import compact_json
 from warden.shared.redaction import scrub_text, sensitive_texts
-from warden_server.approvals.audit import approval_event
+from warden_server.approvals.audit import MAX_PRESENTED_ID, approval_event
 from warden_server.approvals.events import ApprovalChange
 from warden_server.errors import InvalidRequest
 from warden_server.grants import GrantClaims
@@ -415,7 +415,9 @@ def _decision_event(
         public_message=failure.public_message if failure else None,
         policy_revision=ctx.policies.revision,
         rules=_rules_json(ctx),
-        approval_id=ctx.approval_id,
+        # The approval the call presented, even when a stage before approval
+        # refused it (a limit), or the one its suspension asked for.
+        approval_id=ctx.approval_id or request.approval_id[:MAX_PRESENTED_ID] or None,
         input_digest=ctx.input_digest,
         input=_redacted_input(plane, ctx),
         reason=reason,
