@@ -570,6 +570,13 @@ KEY_FILES: Final[tuple[tuple[str, str], ...]] = (
 )
 """The settings that name files the plane reads as it starts."""
 
+ED25519_KEY_FILES: Final[dict[tuple[str, str], bool]] = {
+    ("grants", "signing_key_file"): True,
+    ("grants", "verification_key_files"): False,
+    ("audit", "checkpoint_key_file"): False,
+}
+"""The settings that name Ed25519 keys, and whether the key must be private."""
+
 
 def check_files(
     path: str | Path, config: Config, *, from_command_line: Collection[str] = ()
@@ -590,7 +597,16 @@ def check_files(
     for section, key in KEY_FILES:
         value = getattr(getattr(config, section), key)
         for index, name in enumerate(value if isinstance(value, list) else [value]):
-            if name is None or config.path(name).exists():
+            if name is None:
+                continue
+            file = config.path(name)
+            if not file.exists():
+                problem = f"no such file {file}"
+            elif (section, key) in ED25519_KEY_FILES:
+                problem = _ed25519_problem(file, private=ED25519_KEY_FILES[section, key]) or ""
+            else:
+                continue
+            if not problem:
                 continue
             setting: tomlpos.Path = (
                 (section, key, index) if isinstance(value, list) else (section, key)
@@ -598,7 +614,7 @@ def check_files(
             line = tomlpos.line_of(lines, setting)
             where = f"{path}:{line}: " if line is not None else ""
             shown = f"{section}.{key}" + (f"[{index}]" if isinstance(value, list) else "")
-            problems.append(f"  {where}{shown}: no such file {config.path(name)}")
+            problems.append(f"  {where}{shown}: {problem}")
     if not config.policies_path.is_dir():
         if "policies" in from_command_line:
             where, origin = "", " (from the command line)"
@@ -607,7 +623,39 @@ def check_files(
             where, origin = (f"{path}:{line}: " if line is not None else ""), ""
         problems.append(f"  {where}server.policies: no such folder {config.policies_path}{origin}")
     if problems:
-        raise ConfigError(f"{path}: files it names are missing:\n" + "\n".join(problems))
+        raise ConfigError(
+            f"{path}: files it names are missing or unusable:\n" + "\n".join(problems)
+        )
+
+
+def _ed25519_problem(file: Path, *, private: bool) -> str | None:
+    """What keeps ``file`` from being the Ed25519 key a setting needs, if anything."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
+
+    try:
+        pem = file.read_bytes()
+    except OSError as exc:
+        return f"cannot read {file}: {exc.strerror or exc}"
+    key: object
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError):
+        try:
+            key = serialization.load_pem_public_key(pem)
+        except ValueError:
+            return f"{file} is not a PEM key without a password"
+    if not isinstance(key, Ed25519PrivateKey | Ed25519PublicKey):
+        name = type(key).__name__
+        visibility = "private" if "Private" in name else "public"
+        algorithm = name.replace("PrivateKey", "").replace("PublicKey", "")
+        return f"{file} holds a {visibility} {algorithm} key; it must be Ed25519"
+    if private and not isinstance(key, Ed25519PrivateKey):
+        return f"{file} is a public key; grants are signed with the private one"
+    return None
 
 
 def _toml_problem(source: str, exc: tomllib.TOMLDecodeError) -> str:

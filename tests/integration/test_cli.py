@@ -680,7 +680,7 @@ def test_serve_names_every_missing_key_file_at_its_line_before_making_anything(
 
     folder = config_path.parent
     assert done.stderr.splitlines() == [
-        f"Error: {config_path}: files it names are missing:",
+        f"Error: {config_path}: files it names are missing or unusable:",
         f"  {config_path}:{at('tls_cert_file')}: server.tls_cert_file: "
         f"no such file {folder / 'c.pem'}",
         f"  {config_path}:{at('tls_key_file')}: server.tls_key_file: "
@@ -689,6 +689,53 @@ def test_serve_names_every_missing_key_file_at_its_line_before_making_anything(
         f"no such file {folder / 'gone.pem'}",
         f"  {config_path}:{at('checkpoint_key_file')}: audit.checkpoint_key_file: "
         f"no such file {folder / 'ck.pem'}",
+    ]
+    assert not (folder / "var").exists(), "it made the store before failing"
+
+
+@pytest.mark.fixed_processes
+def test_serve_names_every_key_of_the_wrong_kind_at_its_line_before_making_anything(
+    tmp_path: Path,
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+    config_path = write_config(tmp_path / "cli")
+    folder = config_path.parent
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (folder / "rsa.pem").write_bytes(
+        rsa_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    (folder / "public.pem").write_bytes(
+        ed25519.Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    (folder / "junk.pem").write_text("not a key\n")
+    config_path.write_text(
+        config_path.read_text()
+        + '\n[grants]\nsigning_key_file = "public.pem"\nverification_key_files = ["junk.pem"]\n'
+        + '\n[audit]\ncheckpoint_key_file = "rsa.pem"\n'
+    )
+    lines = config_path.read_text().splitlines()
+    done = warden_exits("serve", "--config", str(config_path))
+    assert done.returncode == 1
+
+    def at(key: str) -> int:
+        return next(n for n, line in enumerate(lines, 1) if line.startswith(key))
+
+    assert done.stderr.splitlines() == [
+        f"Error: {config_path}: files it names are missing or unusable:",
+        f"  {config_path}:{at('signing_key_file')}: grants.signing_key_file: "
+        f"{folder / 'public.pem'} is a public key; grants are signed with the private one",
+        f"  {config_path}:{at('verification_key_files')}: grants.verification_key_files[0]: "
+        f"{folder / 'junk.pem'} is not a PEM key without a password",
+        f"  {config_path}:{at('checkpoint_key_file')}: audit.checkpoint_key_file: "
+        f"{folder / 'rsa.pem'} holds a private RSA key; it must be Ed25519",
     ]
     assert not (folder / "var").exists(), "it made the store before failing"
 
