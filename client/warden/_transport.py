@@ -11,7 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import grpc
 import grpc.aio
@@ -244,12 +244,16 @@ class Transport(_ServiceAccess):
 
     async def begin(self, request: governor_pb2.BeginRequest) -> governor_pb2.BeginResponse:
         """Begin; raises CapabilityError(GOVERNANCE_UNAVAILABLE) when the plane
-        cannot answer (fail closed)."""
-        return await self._governed(
-            lambda stubs: stubs.governor.Begin(
-                request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
+        cannot answer (fail closed), INPUT_INVALID when it would not read a
+        request that large (``too_large``)."""
+        try:
+            return await self._governed(
+                lambda stubs: stubs.governor.Begin(
+                    request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
+                )
             )
-        )
+        except CapabilityError as error:
+            raise too_large(error) from None
 
     def begin_blocking(self, request: governor_pb2.BeginRequest) -> governor_pb2.BeginResponse:
         """``begin`` from a thread that waits for the answer anyway (``Runtime.invoke``):
@@ -265,7 +269,8 @@ class Transport(_ServiceAccess):
                 request, metadata=self._metadata + trace_metadata(), timeout=self._timeout_s
             )
         except grpc.RpcError as exc:
-            raise governance_error(exc.code(), exc.details() or "", self.target) from None
+            error = governance_error(exc.code(), exc.details() or "", self.target)
+            raise too_large(error) from None
         else:
             stubs.heard_from(call.trailing_metadata())
             return answer
@@ -452,6 +457,25 @@ class PlaneRefusedError(Exception):
         super().__init__(f"{target} answered {code}: {details}")
         self.code = code
         self.details = details
+
+
+TOO_LARGE: Final = "is larger than the plane reads"
+
+
+def too_large(error: CapabilityError) -> CapabilityError:
+    """A Begin the plane's gRPC server would not read, for its size: the input
+    (the rest of a request is bounded), so INPUT_INVALID, which the model can
+    act on, and not GOVERNANCE_UNAVAILABLE. gRPC refused it before the plane
+    saw it: no record of it is written (docs/limits.md)."""
+    cause = error.cause
+    if (
+        isinstance(cause, PlaneRefusedError)
+        and cause.code == "RESOURCE_EXHAUSTED"
+        and "larger than max" in cause.details
+    ):
+        issue = {"path": "", "message": TOO_LARGE}
+        return CapabilityError("INPUT_INVALID", details={"issues": [issue]}, cause=cause)
+    return error
 
 
 def governance_error(code: grpc.StatusCode, details: str, target: str) -> CapabilityError:

@@ -8,6 +8,7 @@ call the audit chain still verifies, and refused Begins are audited (SI-3).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -860,6 +861,32 @@ def test_begin_refuses_input_over_the_size_limit(
     assert row["input"] is None
     assert lab.count("echo") == 0
     assert_chain_intact(plant)
+
+
+def test_an_input_larger_than_the_plane_reads_is_invalid_input_not_an_outage(
+    start_plane: Callable[..., Plant], tmp_path: Path, lab: Lab
+) -> None:
+    """gRPC refuses a request beyond the plane's receive limit (its input
+    limit and a megabyte) before the plane reads it: the SDK answers the
+    model INPUT_INVALID, which it can act on, not GOVERNANCE_UNAVAILABLE."""
+    plant = start_plane(write_lab_policies(tmp_path / "small-lab"), max_input_bytes=1000)
+    rt = build_lab(plant.target, ORDERS_TOKEN, lab)
+    huge = {"n": 1, "note": "x" * (2 * 1024 * 1024)}
+    try:
+        blocking = rt.invoke("orders.echo", huge, actor=plant.token())
+        awaited = asyncio.run(rt.ainvoke("orders.echo", huge, actor=plant.token()))
+    finally:
+        rt.close()
+    for envelope in (blocking, awaited):
+        assert envelope.error is not None
+        assert envelope.error.to_model() == {
+            "code": "INPUT_INVALID",
+            "message": envelope.error.public_message,
+            "retryable": False,
+            "details": {"issues": [{"path": "", "message": "is larger than the plane reads"}]},
+        }
+        assert "RESOURCE_EXHAUSTED" in str(envelope.error.cause)
+    assert lab.count("echo") == 0
 
 
 # -- Complete ----------------------------------------------------------------------------

@@ -138,6 +138,29 @@ export function governanceError(error: unknown, target: string): CapabilityError
 
 const TRANSIENT_NAMES = new Set([...TRANSIENT].map(statusName));
 
+export const TOO_LARGE = "is larger than the plane reads";
+
+/**
+ * A Begin the plane's gRPC server would not read, for its size: the input
+ * (the rest of a request is bounded), so INPUT_INVALID, which the model can
+ * act on, and not GOVERNANCE_UNAVAILABLE. gRPC refused it before the plane
+ * saw it: no record of it is written (docs/limits.md).
+ */
+function tooLarge(error: unknown): unknown {
+  const cause = error instanceof CapabilityError ? error.cause : null;
+  if (
+    cause instanceof PlaneRefusedError &&
+    cause.status === "RESOURCE_EXHAUSTED" &&
+    cause.details.includes("larger than max")
+  ) {
+    return new CapabilityError("INPUT_INVALID", undefined, {
+      details: { issues: [{ path: "", message: TOO_LARGE }] },
+      cause,
+    });
+  }
+  return error;
+}
+
 /**
  * The same for a refusal the plane named itself (`status`: a gRPC status
  * name, as in a CompleteMany result): retryable when another try could succeed.
@@ -203,7 +226,11 @@ export class Transport {
 
   /** Begin; throws CapabilityError(GOVERNANCE_UNAVAILABLE) when the plane cannot answer. */
   async begin(request: MessageInitShape<typeof BeginRequestSchema>): Promise<BeginResponse> {
-    return this.governed((governor, options) => governor.begin(request, options));
+    try {
+      return await this.governed((governor, options) => governor.begin(request, options));
+    } catch (error) {
+      throw tooLarge(error);
+    }
   }
 
   /** Complete; throws CapabilityError(GOVERNANCE_UNAVAILABLE) when the plane cannot answer. */

@@ -234,6 +234,18 @@ describe("a TypeScript service on a real plane", () => {
     assert.deepEqual(error.details, { issues: [{ path: "", message: "must be a JSON document" }] });
   });
 
+  test("an input larger than the plane reads is INPUT_INVALID, not an outage", async () => {
+    const huge = { amount: 1, note: "x".repeat(3 * 1024 * 1024) };
+    const error = failure(await rt.invoke("billing.pay", huge, { actor }));
+    assert.ok(error);
+    assert.deepEqual(error.toModel(), {
+      code: "INPUT_INVALID",
+      message: error.publicMessage,
+      retryable: false,
+      details: { issues: [{ path: "", message: "is larger than the plane reads" }] },
+    });
+  });
+
   test("a validator's message that repeats a value of the input is not the model's", async () => {
     const envelope = await rt.invoke("billing.pay", { amount: 777 }, { actor });
     const error = failure(envelope);
