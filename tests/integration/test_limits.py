@@ -504,3 +504,37 @@ def test_si5_a_limit_keyed_by_a_sensitive_field_keeps_it_out_of_the_store(
     ]
     assert len(everything[1]) == 1 and len(everything[2]) == 1
     assert "4111222233334444" not in json.dumps(everything)
+
+
+KEYED_BY_CONTEXT = """
+rules:
+  - id: allow-all
+    capabilities: ["orders.*"]
+    effect: allow
+limits:
+  - id: pings-per-caller-key
+    capabilities: ["orders.ping"]
+    key: context.k
+    rate: 1/hour
+    burst: 1
+"""
+
+
+def test_a_limit_key_that_is_no_string_when_decided_fails_closed(
+    start_plane: Callable[..., Plant], policy_dir: Callable[[str], Path]
+) -> None:
+    """The folder check holds a key to be a string; a dynamic one that is 123
+    when a call is decided fails closed rather than share the count of "123"."""
+    plant = start_plane(policy_dir(KEYED_BY_CONTEXT), watch_policies=False)
+    rt = Service().runtime(plant.target)
+    token = plant.token("bot-7", tenant="acme")
+    try:
+        text = rt.invoke("orders.ping", {}, actor=token, context={"k": "123"})
+        number = rt.invoke("orders.ping", {}, actor=token, context={"k": 123})
+        again = rt.invoke("orders.ping", {}, actor=token, context={"k": "123"})
+    finally:
+        rt.close()
+    assert text.status == "succeeded"
+    assert number.error is not None and number.error.code == "POLICY_FAILED"
+    assert decision(plant, number.invocation_id)["reason"] == "limit-error:pings-per-caller-key"
+    assert again.error is not None and again.error.code == "RATE_LIMITED"

@@ -439,9 +439,11 @@ def _count(limit: CompiledLimit, activation: Activation) -> LimitCall | None:
     key = ""
     if limit.key is not None:
         found = value("key", limit.key)
-        if isinstance(found, bool) or not isinstance(found, str | int):
+        # A string, as the folder check requires of a key's type: a dynamic
+        # value that is 123 at run time would share a count with "123".
+        if not isinstance(found, str):
             raise _LimitBroke(f"'key' must be a string, got {type(found).__name__}")
-        key = str(found)
+        key = found
     cost = 1.0
     if limit.cost is not None:
         found = value("cost", limit.cost)
