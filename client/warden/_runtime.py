@@ -513,6 +513,7 @@ class Runtime:
                 attempt >= call.retry.max_attempts
                 or not may_retry(envelope, side_effect, call.idempotency_key)
                 or call.retry.waits_too_long(envelope)
+                or (call.approval_id and not _before_any_grant(envelope))
             ):
                 return envelope
             assert envelope.error is not None
@@ -690,6 +691,13 @@ def _open_outbox(
     except WardenError as exc:
         log.warning("%s; outcome reports are kept in memory only", exc)
         return Outbox(transport, None)
+
+
+def _before_any_grant(envelope: Envelope) -> bool:
+    """Whether the attempt failed before the plane could grant it (it could
+    not be asked, or a limit refused it). A resume that was granted consumed
+    its approval, which no retry can present again."""
+    return envelope.error is not None and envelope.error.stage == "policy"
 
 
 def _check_surface(surface: str) -> None:

@@ -290,7 +290,10 @@ export class Runtime {
         call.signal?.aborted ||
         attempt >= call.retry.maxAttempts ||
         !mayRetry(envelope, spec?.sideEffect ?? null, call.idempotencyKey) ||
-        waitsTooLong(call.retry, envelope)
+        waitsTooLong(call.retry, envelope) ||
+        // A resume that was granted consumed its approval: no retry can present
+        // it again. Only a failure before any grant (stage policy) is retried.
+        (Boolean(call.approvalId) && envelope.error?.stage !== "policy")
       ) {
         return envelope;
       }

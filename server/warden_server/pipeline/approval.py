@@ -18,7 +18,7 @@ from warden_server.approvals.audit import approval_event
 from warden_server.approvals.events import ApprovalChange
 from warden_server.approvals.expiry import expire, is_due
 from warden_server.pipeline.context import BeginContext
-from warden_server.pipeline.failure import Failure, fail
+from warden_server.pipeline.failure import Failure, already_used, fail
 from warden_server.policy.model import parse_duration
 from warden_server.records.events import iso
 from warden_server.store import ApprovalRecord, WriteTransaction
@@ -59,7 +59,7 @@ def approval(plane: Plane, ctx: BeginContext) -> Failure | None:
     if record.state == "consumed":
         # A repeat of the keyed resume that consumed it was answered by the
         # idempotency stage, which runs first.
-        return fail("APPROVAL_DENIED", "approval-already-used")
+        return already_used()
     ctx.consume_approval = True
     return None
 

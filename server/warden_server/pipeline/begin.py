@@ -28,7 +28,7 @@ from warden_server.pipeline.approval import approval, record_refused_use
 from warden_server.pipeline.authenticate import authenticate
 from warden_server.pipeline.authorize import authorize
 from warden_server.pipeline.context import BeginContext, BeginRequest
-from warden_server.pipeline.failure import Failure, fail
+from warden_server.pipeline.failure import Failure, already_used, fail
 from warden_server.pipeline.idempotency import Replayed, idempotency, replayed
 from warden_server.pipeline.limits import limited, limits
 from warden_server.pipeline.policy import policy
@@ -193,7 +193,7 @@ def begin_steps(plane: Plane, request: BeginRequest) -> Steps:
     try:
         return (yield from _grant(plane, ctx))
     except ApprovalAlreadyUsed:
-        refusal = fail("APPROVAL_DENIED", "approval-already-used")
+        refusal = already_used()
     except LimitReached as exc:
         ctx.limited = [exc.refusal.to_json()]
         refusal = limited(exc.refusal)

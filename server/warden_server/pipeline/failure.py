@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from warden.shared.codes import defaults
 
@@ -18,6 +18,16 @@ class Failure:
     reason: str
     """Private: why, for the audit log only (e.g. ``hidden-by-policy``)."""
     details: dict[str, Any] | None = None
+
+
+ALREADY_USED: Final = "This approval was used already; a new call needs a new approval."
+"""The public message for a used approval presented again (to its own
+requester, bound to this very call: nothing is revealed to anyone else)."""
+
+
+def already_used() -> Failure:
+    """The answer to a resume that presents an approval some call consumed."""
+    return fail("APPROVAL_DENIED", "approval-already-used", message=ALREADY_USED)
 
 
 def fail(

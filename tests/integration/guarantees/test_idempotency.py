@@ -496,6 +496,44 @@ def test_an_idempotent_resume_after_approval(
     assert ledger.runs() == 1
 
 
+def test_a_granted_resume_is_not_retried_and_its_used_approval_says_so(
+    payments: warden.Runtime, pay_plant: Plant, ledger: Ledger
+) -> None:
+    """A resume whose handler fails, retryable, consumed its approval with its
+    grant: the runtime does not retry it on its own (the retry could only be
+    refused), the model gets the handler's failure, and presenting the used
+    approval again says it was used, not that it was denied."""
+    actor = pay_plant.token()
+    arguments = pay_input(777, note="busy")
+    suspended = payments.invoke("orders.pay", arguments, actor=actor, idempotency_key="k-20")
+    assert suspended.status == "suspended" and suspended.approval_id
+    with approver(pay_plant) as approvals:
+        approvals.approve(suspended.approval_id)
+    resumed = payments.invoke(
+        "orders.pay",
+        arguments,
+        actor=actor,
+        approval_id=suspended.approval_id,
+        idempotency_key="k-20",
+    )
+    assert resumed.error is not None and resumed.error.code == "TRY_LATER"
+    assert resumed.attempt == 1 and ledger.runs("pay") == 1
+    again = payments.invoke(
+        "orders.pay",
+        arguments,
+        actor=actor,
+        approval_id=suspended.approval_id,
+        idempotency_key="k-20",
+    )
+    assert again.error is not None
+    assert again.error.to_model() == {
+        "code": "APPROVAL_DENIED",
+        "message": "This approval was used already; a new call needs a new approval.",
+        "retryable": False,
+    }
+    assert ledger.runs("pay") == 1
+
+
 def test_keys_are_scoped_to_the_actor(
     payments: warden.Runtime, pay_plant: Plant, ledger: Ledger
 ) -> None:
