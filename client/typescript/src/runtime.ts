@@ -682,7 +682,9 @@ function replayed(
     return { ...envelope, replayedFrom: original };
   }
   const value = JSON.parse(replay.outputJson) as Json;
-  const modelOutput = spec ? stripModelHidden(value, spec.outputSchema) : value;
+  // A runtime that does not serve the capability cannot know which fields are
+  // model-hidden: it offers the model nothing (SI-5), as the Python SDK does.
+  const modelOutput = spec ? stripModelHidden(value, spec.outputSchema) : null;
   return { ...succeeded(invocationId, value, modelOutput), replayedFrom: original };
 }
 

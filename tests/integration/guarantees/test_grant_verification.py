@@ -273,3 +273,27 @@ def test_grants_expire_by_the_clock_of_the_plane(pay_plant: Plant) -> None:
     claims = jwt.decode(response.grant.token, options={"verify_signature": False})
     # The time budget (2 s) plus the grant ttl (60 s).
     assert abs(claims["exp"] - (time.time() + 62)) < 5
+
+
+def test_verify_grant_takes_one_text_for_one_grant(
+    forwarded: tuple[warden.Envelope, str, list[warden.GrantKey]],
+) -> None:
+    """A grant's text is the grant: a segment with characters base64url does
+    not have, padding, or bits past its last byte (which a lenient decoder
+    skips) is malformed, so a service that tracks grants by text is not led
+    to take two texts for two grants."""
+    _, token, keys = forwarded
+    arguments = {"capability_id": "orders.forward", "input": {"item": "A1", "qty": 2}}
+    assert warden.verify_grant(token, keys, **arguments).capability_id == "orders.forward"
+    head, body, signature = token.split(".")
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    # The signature's last character carries 2 bits of the last byte and 4 unused.
+    spare = alphabet[alphabet.index(signature[-1]) ^ 1]
+    for altered in (
+        f"{token}!!",
+        f"{head}.{body}.{signature[:10]} {signature[10:]}",
+        f"{head}.{body}.{signature}==",
+        f"{head}.{body}.{signature[:-1]}{spare}",
+    ):
+        with pytest.raises(warden.GrantVerificationError, match="not a well-formed JWT"):
+            warden.verify_grant(altered, keys, **arguments)
