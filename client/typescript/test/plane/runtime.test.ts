@@ -266,6 +266,18 @@ describe("a TypeScript service on a real plane", () => {
     assert.equal(ran.pay, 1);
     const other = await rt.invoke("billing.pay", { amount: 6 }, { actor, idempotencyKey: "k-1" });
     assert.equal(failure(other)?.code, "IDEMPOTENCY_CONFLICT");
+    // A runtime that does not serve the capability cannot know its model-hidden
+    // fields: a replay to it offers the model nothing.
+    const bystander = new Runtime(target, { service: "billing", token });
+    const seen = await bystander.invoke(
+      "billing.pay",
+      { amount: 5 },
+      { actor, idempotencyKey: "k-1" },
+    );
+    assert.equal(seen.replayedFrom, first.invocationId);
+    assert.ok(seen.status === "succeeded");
+    assert.deepEqual(seen.output, first.output);
+    assert.equal(seen.modelOutput, null);
   });
 
   test("an idempotency key longer than the plane takes is the caller's error, thrown", async () => {
