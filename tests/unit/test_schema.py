@@ -408,3 +408,15 @@ def test_marks_anything_finds_a_marking_at_any_depth() -> None:
     assert marks_anything(nested, SENSITIVE)
     plain = {"type": "object", "properties": {"n": {"type": "integer"}}}
     assert not marks_anything(plain, SENSITIVE)
+
+
+@pytest.mark.parametrize(
+    ("marking", "value"),
+    [("x-warden-sensitive", 1), ("x-warden-model-visible", 0), ("x-warden-sensitive", "yes")],
+)
+def test_si5_a_marking_that_is_not_a_boolean_is_refused(marking: str, value: object) -> None:
+    """1 is true to Python and not to TypeScript: one SDK would redact what
+    the other shows, so the schema is refused where it is registered."""
+    schema = {"type": "object", "properties": {"card": {"type": "string", marking: value}}}
+    with pytest.raises(InvalidSchemaError, match=f"{marking} at /properties/card must be true"):
+        compile_validator(schema)

@@ -73,6 +73,7 @@ def compile_validator(schema: Schema) -> SchemaValidator:
     except SchemaError as exc:
         where = _pointer(exc.absolute_path) or "/"
         raise InvalidSchemaError(f"invalid JSON Schema at {where}: {exc.message}") from None
+    _check_markings(schema)
     _check_patterns(schema)
     for where, ref in _refs(schema, ""):
         if not ref.startswith("#"):
@@ -245,6 +246,17 @@ def _subschemas(schema: object, where: str) -> Iterator[tuple[str, Mapping[str, 
         elif keyword in _SUBSCHEMA_MAPS and isinstance(value, Mapping):
             for name, item in value.items():
                 yield from _subschemas(item, at + _pointer([name]))
+
+
+def _check_markings(schema: Schema) -> None:
+    """Refuse a marking that is not a boolean: ``1`` is true to Python and
+    not to TypeScript, so one SDK would redact what the other shows (SI-5)."""
+    for where, node in _subschemas(schema, ""):
+        for marking in (SENSITIVE, MODEL_VISIBLE):
+            if marking in node and not isinstance(node[marking], bool):
+                raise InvalidSchemaError(
+                    f"{marking} at {where or '/'} must be true or false, not {node[marking]!r}"
+                )
 
 
 def _check_patterns(schema: Schema) -> None:
