@@ -475,7 +475,7 @@ class Runtime:
             capability_id=capability_id,
             input_json=_encode_input(input),
             actor=actor or "",
-            context_json=compact_json(dict(context or {})),
+            context_json=_context_json(context),
             surface=surface,
             approval_id=approval_id or "",
             idempotency_key=idempotency_key or "",
@@ -611,7 +611,7 @@ class Runtime:
         request = registry_pb2.ListCapabilitiesRequest(
             actor_token=actor or "",
             surface=surface,
-            context_json=compact_json(dict(context or {})),
+            context_json=_context_json(context),
         )
         response = await self._transport.list_capabilities(request)
         return [discovered_from_proto(c) for c in response.capabilities]
@@ -698,6 +698,18 @@ def _before_any_grant(envelope: Envelope) -> bool:
     not be asked, or a limit refused it). A resume that was granted consumed
     its approval, which no retry can present again."""
     return envelope.error is not None and envelope.error.stage == "policy"
+
+
+def _context_json(context: Mapping[str, Any] | None) -> str:
+    """The caller's context as JSON text, or the caller's mistake: NaN,
+    infinity or a value of no JSON kind would read as a policy input nobody
+    gave (written as null) or fail on the wire."""
+    value = dict(context or {})
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise WardenError(f"context is not JSON: {exc}") from None
+    return compact_json(value)
 
 
 def _check_surface(surface: str) -> None:

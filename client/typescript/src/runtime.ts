@@ -228,7 +228,7 @@ export class Runtime {
     const found = await this.transport.listCapabilities(
       options.actor ?? "",
       options.surface ?? "direct",
-      compactJson(options.context ?? {}),
+      contextJson(options.context),
     );
     return found.map(discovered);
   }
@@ -266,7 +266,7 @@ export class Runtime {
       capabilityId,
       inputJson: encodeInput(input),
       actor: options.actor ?? "",
-      contextJson: compactJson(options.context ?? {}),
+      contextJson: contextJson(options.context),
       surface: options.surface ?? "direct",
       approvalId: options.approvalId ?? "",
       idempotencyKey: options.idempotencyKey ?? "",
@@ -603,6 +603,18 @@ async function pause(ms: number, signal: AbortSignal | undefined): Promise<boole
 
 function stamp(envelope: Envelope, call: Call, attempt: number): Envelope {
   return { ...envelope, callId: call.callId, attempt };
+}
+
+/**
+ * The caller's context as JSON text, or the caller's mistake: NaN or Infinity
+ * (which JSON.stringify writes as null) or a BigInt (which it throws on) is
+ * no JSON, and would read as a policy input nobody gave.
+ */
+function contextJson(context: JsonObject | undefined): string {
+  if (!isJson(context ?? {})) {
+    throw new WardenError("context is not JSON: no NaN, Infinity, BigInt or class instances");
+  }
+  return compactJson(context ?? {});
 }
 
 function encodeInput(value: unknown): string {

@@ -92,6 +92,20 @@ def test_an_unknown_surface_is_a_programming_error_not_a_plane_outage(
 
 
 @pytest.mark.parametrize(
+    "context", [{"ratio": float("nan")}, {"at": object()}], ids=["nan", "not-json"]
+)
+def test_a_context_that_is_not_json_is_a_programming_error(
+    payments: warden.Runtime, pay_plant: Plant, ledger: Ledger, context: dict[str, object]
+) -> None:
+    """NaN would be written as null, a policy input nobody gave."""
+    with pytest.raises(warden.WardenError, match="context is not JSON"):
+        payments.invoke("orders.pay", pay(), actor=pay_plant.token(), context=context)
+    with pytest.raises(warden.WardenError, match="context is not JSON"):
+        payments.discover(actor=pay_plant.token(), context=context)
+    assert ledger.runs() == 0
+
+
+@pytest.mark.parametrize(
     ("capability", "arguments"),
     [
         ("orders.pay", pay("slow:1500")),

@@ -16,6 +16,7 @@ import {
   CapabilityError,
   type Envelope,
   type Json,
+  type JsonObject,
   NO_RETRY,
   Runtime,
   unwrap,
@@ -278,6 +279,17 @@ describe("a TypeScript service on a real plane", () => {
     assert.ok(seen.status === "succeeded");
     assert.deepEqual(seen.output, first.output);
     assert.equal(seen.modelOutput, null);
+  });
+
+  test("a context that is not JSON (NaN, a BigInt) is the caller's error, thrown", async () => {
+    const contexts: JsonObject[] = [{ ratio: Number.NaN }, { big: 10n as unknown as number }];
+    for (const context of contexts) {
+      await assert.rejects(
+        rt.invoke("billing.pass", { amount: 3 }, { actor, context }),
+        (error: unknown) =>
+          error instanceof WardenError && /context is not JSON/.test(error.message),
+      );
+    }
   });
 
   test("an idempotency key longer than the plane takes is the caller's error, thrown", async () => {
