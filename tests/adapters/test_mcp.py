@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
-import threading
 from typing import Any
 
 import anyio
@@ -22,6 +20,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
 import warden
+from tests.adapters import unreadable
 from tests.adapters.cases import CASES, GOLDEN, Case, assert_real_approval, check_golden, normalised
 from tests.adapters.conftest import actor_for, last_attempt, mcp_wire
 from tests.adapters.lab import build_adapter_lab
@@ -243,62 +242,16 @@ def test_serve_stdio_answers_a_line_that_is_not_a_message_as_json_rpc_says(
     dev_plane: Server,
 ) -> None:
     """The MCP SDK drops a line it cannot read, and the client waits for an
-    answer that never comes; the adapter answers it (id null) and serves on."""
+    answer that never comes; the adapter answers it (id null) and serves on.
+    A lone surrogate escape is not JSON to the MCP SDK's parser."""
     actor = mint_token(
         dev_plane.plane.config, subject="bot-7", roles=("support",), tenant="acme", attrs={}
     )
-    lines = [
-        {
-            "jsonrpc": "2.0",
-            "id": 0,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "test", "version": "1"},
-            },
-        },
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        "this is not JSON",
-        # A lone surrogate escape: JSON to some parsers, not to the MCP SDK's.
-        '{"jsonrpc":"2.0","id":1,"method":"tools/call",'
-        '"params":{"name":"orders.get","arguments":{"order_id":"\\ud800"}}}',
-        {"hello": "world"},
-        {
-            "jsonrpc": "2.0",
-            "id": 2,
-            "method": "tools/call",
-            "params": {"name": "orders.get", "arguments": {"order_id": "A1"}},
-        },
-    ]
-    process = subprocess.Popen(
+    found = unreadable.answers(
         [sys.executable, str(ROOT / "examples" / "orders" / "mcp_server.py")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "WARDEN_TARGET": dev_plane.target, "WARDEN_ACTOR_TOKEN": actor},
+        {**os.environ, "WARDEN_TARGET": dev_plane.target, "WARDEN_ACTOR_TOKEN": actor},
+        "orders.get",
+        '{"order_id":"A1"}',
     )
-    killer = threading.Timer(30, process.kill)
-    killer.start()
-    try:
-        assert process.stdin is not None and process.stdout is not None
-        for line in lines:
-            process.stdin.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
-        process.stdin.flush()
-        answers = []
-        while not any(a.get("id") == 2 for a in answers):
-            text = process.stdout.readline()
-            assert text, f"the server ended without answering the call: {answers}"
-            answers.append(json.loads(text))
-    finally:
-        killer.cancel()
-        process.kill()
-        process.wait()
-    unreadable = [a["error"] for a in answers if a.get("id") is None]
-    assert unreadable == [
-        {"code": -32700, "message": "Parse error"},
-        {"code": -32700, "message": "Parse error"},
-        {"code": -32600, "message": "Invalid Request"},
-    ]
-    assert answers[-1]["result"]["structuredContent"]["order_id"] == "A1"
+    assert unreadable.unreadable(found) == unreadable.EXPECTED
+    assert found[-1]["result"]["structuredContent"]["order_id"] == "A1"

@@ -27,6 +27,7 @@ from click.testing import CliRunner
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 import warden
+from tests.adapters import unreadable
 from tests.conftest import BILLING_TOKEN, EXAMPLE_POLICIES, ORDERS_TOKEN, Plant, load_example
 from tests.integration import typescript
 from warden_server.cli import main
@@ -136,6 +137,24 @@ def call_billing_over_mcp(compiled: Path, env: dict[str, str]) -> tuple[list[str
             return names, await session.call_tool("billing.quote", {"amount": 500})
 
     return anyio.run(scenario)
+
+
+def test_the_typescript_mcp_server_answers_a_line_that_is_not_a_message_as_python_does(
+    compiled: Path, polyglot: Plant
+) -> None:
+    found = unreadable.answers(
+        ["node", str(compiled / "e2e" / "billing-mcp.js")],
+        node_env(polyglot, polyglot.token()),
+        "billing.quote",
+        '{"amount":500}',
+    )
+    # JavaScript's parser reads the lone surrogate escape (Python's MCP SDK
+    # does not): that call reaches the plane, which refuses the input.
+    assert unreadable.unreadable(found) == [unreadable.EXPECTED[0], unreadable.EXPECTED[2]]
+    (odd,) = [a for a in found if a.get("id") == 1]
+    assert odd["result"]["isError"] is True
+    assert odd["result"]["structuredContent"]["code"] == "INPUT_INVALID"
+    assert found[-1]["result"]["isError"] is False, found[-1]
 
 
 def approve(plant: Plant, approval_id: str) -> None:

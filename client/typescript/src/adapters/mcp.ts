@@ -21,6 +21,7 @@ import {
   CallToolRequestSchema,
   type CallToolResult,
   ErrorCode,
+  type JSONRPCMessage,
   ListToolsRequestSchema,
   type Tool,
 } from "@modelcontextprotocol/sdk/types.js";
@@ -108,7 +109,33 @@ export function buildServer(runtime: Runtime, options: McpOptions): Server {
 
 /** Serve the runtime's capabilities over stdio until the client closes it. */
 export async function serveStdio(runtime: Runtime, options: McpOptions): Promise<void> {
-  await buildServer(runtime, options).connect(new StdioServerTransport());
+  const transport = new StdioServerTransport();
+  await buildServer(runtime, options).connect(transport);
+  answerUnreadable(transport);
+}
+
+/**
+ * Answer each line that is not a JSON-RPC message as JSON-RPC 2.0 says (the
+ * MCP SDK reports it as an error and answers nothing, and the client waits
+ * for an answer that never comes): -32700 for text that is not JSON, -32600
+ * for JSON that is not a message; `id` null, since none could be read. As the
+ * Python adapter answers them.
+ */
+function answerUnreadable(transport: StdioServerTransport): void {
+  const reported = transport.onerror;
+  transport.onerror = (error: Error) => {
+    const unreadable =
+      error instanceof SyntaxError
+        ? { code: ErrorCode.ParseError, message: "Parse error" }
+        : error.name === "ZodError"
+          ? { code: ErrorCode.InvalidRequest, message: "Invalid Request" }
+          : null;
+    if (unreadable !== null) {
+      const answer = { jsonrpc: "2.0", id: null, error: unreadable };
+      transport.send(answer as unknown as JSONRPCMessage).catch(() => {});
+    }
+    reported?.(error);
+  };
 }
 
 function tool(capability: DiscoveredCapability): Tool {
