@@ -263,7 +263,7 @@ def test_the_typescript_runtime_keeps_its_guarantees_on_a_real_plane(
     offline grant verification, failing closed with honest retries, SI-7."""
     plant = start_plane(policy_dir(ALL_BILLING))
     done = run_plane_tests(compiled, plant)
-    assert "# fail 0" in done.stdout and "# pass 21" in done.stdout
+    assert "# fail 0" in done.stdout and "# pass 22" in done.stdout
     # SI-5: the card quoted in the handler's exception is masked in the private body too.
     (exploded,) = plant.events(kind="outcome", capability_id="billing.explode")
     assert exploded["cause_message"] == "the table payments is locked for card [REDACTED]"

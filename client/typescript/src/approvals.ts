@@ -22,6 +22,11 @@ export class Approvals {
     this.transport = new ApprovalsTransport(target, options.token, options.timeoutMs ?? 5_000);
   }
 
+  /** Close the connection to the plane. */
+  close(): void {
+    this.transport.close();
+  }
+
   async get(id: string): Promise<Approval> {
     return approval(await this.transport.get(id));
   }

@@ -180,6 +180,15 @@ export class Runtime {
    *
    * @throws WardenError the plane refused (the message says why) or is unreachable.
    */
+  /**
+   * Close the runtime's connections to the plane (connect-node would keep
+   * them open for 15 minutes after the runtime is dropped). Await the calls in
+   * flight first: one made after fails closed with GOVERNANCE_UNAVAILABLE.
+   */
+  close(): void {
+    this.transport.close();
+  }
+
   async register(): Promise<RegisteredCapability[]> {
     if (this.specs.size === 0) {
       throw new WardenError("no capabilities to register: declare them with capability() first");

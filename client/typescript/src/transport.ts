@@ -6,7 +6,7 @@
 
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { type Client, Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { ApprovalError, CapabilityError, WardenError } from "./errors.js";
 import { type Approval, Approvals } from "./gen/warden/v1/approvals_pb.js";
 import {
@@ -172,8 +172,21 @@ export function refusal(status: string, details: string, target: string): Capabi
   });
 }
 
+/**
+ * A gRPC transport to the plane with its HTTP/2 session in hand, so that it
+ * can be closed: connect-node would keep an idle one open for 15 minutes.
+ */
+function closableTransport(target: string) {
+  const sessions = new Http2SessionManager(baseUrl(target));
+  return {
+    sessions,
+    transport: createGrpcTransport({ baseUrl: baseUrl(target), sessionManager: sessions }),
+  };
+}
+
 /** Access to the plane for a service, with its token. */
 export class Transport {
+  private readonly sessions: Http2SessionManager[];
   private readonly connections: Connection[];
   private turn = 0;
   private readonly registry: Client<typeof Registry>;
@@ -185,9 +198,9 @@ export class Transport {
     token: string,
     private readonly timeoutMs: number,
   ) {
-    const transports = Array.from({ length: CONNECTIONS }, () =>
-      createGrpcTransport({ baseUrl: baseUrl(target) }),
-    );
+    const opened = Array.from({ length: CONNECTIONS }, () => closableTransport(target));
+    this.sessions = opened.map((o) => o.sessions);
+    const transports = opened.map((o) => o.transport);
     this.connections = transports.map((t) => new Connection(createClient(Governor, t)));
     const [first] = transports;
     this.registry = createClient(Registry, first as (typeof transports)[number]);
@@ -195,8 +208,19 @@ export class Transport {
     this.headers = { [SERVICE_TOKEN_METADATA]: token };
   }
 
+  private closed: AbortSignal | undefined;
+
   private options() {
-    return { headers: this.headers, timeoutMs: this.timeoutMs };
+    return { headers: this.headers, timeoutMs: this.timeoutMs, signal: this.closed };
+  }
+
+  /**
+   * Close every connection; a call made after fails closed
+   * (GOVERNANCE_UNAVAILABLE), and opens none.
+   */
+  close(): void {
+    this.closed = AbortSignal.abort(new Error("the runtime is closed"));
+    for (const session of this.sessions) session.abort();
   }
 
   /** A Governor call on the connection `choose` picks, timed, and told which process answered. */
@@ -284,7 +308,10 @@ export class Transport {
   /** The plane's published grant keys; throws WardenError when it cannot be asked. */
   async grantKeys(): Promise<GrantKey[]> {
     try {
-      const response = await this.grantKeysClient.listGrantKeys({}, { timeoutMs: this.timeoutMs });
+      const response = await this.grantKeysClient.listGrantKeys(
+        {},
+        { timeoutMs: this.timeoutMs, signal: this.closed },
+      );
       return response.keys.map((k) => ({
         keyId: k.keyId,
         publicKeyPem: k.publicKeyPem,
@@ -303,6 +330,7 @@ export class Transport {
 /** Access to the Approvals service with an approver's JWT. */
 export class ApprovalsTransport {
   private readonly client: Client<typeof Approvals>;
+  private readonly sessions: Http2SessionManager;
   private readonly headers: Record<string, string>;
 
   constructor(
@@ -310,8 +338,15 @@ export class ApprovalsTransport {
     token: string,
     private readonly timeoutMs: number,
   ) {
-    this.client = createClient(Approvals, createGrpcTransport({ baseUrl: baseUrl(target) }));
+    const { sessions, transport } = closableTransport(target);
+    this.sessions = sessions;
+    this.client = createClient(Approvals, transport);
     this.headers = { [ACTOR_TOKEN_METADATA]: `Bearer ${token}` };
+  }
+
+  /** Close the connection. */
+  close(): void {
+    this.sessions.abort();
   }
 
   private async call<T>(run: () => Promise<T>): Promise<T> {

@@ -281,6 +281,15 @@ describe("a TypeScript service on a real plane", () => {
     assert.equal(seen.modelOutput, null);
   });
 
+  test("close() closes a runtime's connections; a call after fails closed", async () => {
+    const closing = service();
+    const before = await closing.invoke("billing.pass", { amount: 1 }, { actor });
+    assert.equal(before.status, "succeeded");
+    closing.close();
+    const after = await closing.invoke("billing.pass", { amount: 1 }, { actor, retry: NO_RETRY });
+    assert.equal(failure(after)?.code, "GOVERNANCE_UNAVAILABLE");
+  });
+
   test("a context that is not JSON (NaN, a BigInt) is the caller's error, thrown", async () => {
     const contexts: JsonObject[] = [{ ratio: Number.NaN }, { big: 10n as unknown as number }];
     for (const context of contexts) {
