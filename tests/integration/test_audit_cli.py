@@ -463,6 +463,50 @@ def test_prune_in_chunks_keeps_one_checkpoint_and_the_chain(db: Path, key: Path)
     audit(db, "verify", "--public-key", str(key))
 
 
+@pytest.mark.parametrize("when", ["before its read", "after its read, before its commit"])
+def test_two_prunes_at_once_count_each_record_once_and_refuse_nothing(
+    db: Path, key: Path, when: str
+) -> None:
+    """The plane's retention and an operator's prune may run together: each
+    goes on from the checkpoint the other left, no record is counted in two
+    retention records, and neither takes the other's deletions for tampering."""
+    from collections.abc import Iterator
+    from datetime import UTC, datetime
+
+    from warden_server.audit.checkpoint import CheckpointSigner
+    from warden_server.audit.retention import prune as prune_store
+    from warden_server.records.query import RecordFilter
+    from warden_server.store import SQLiteStore
+
+    signer = CheckpointSigner.from_private_file(key)
+    first, other = SQLiteStore(db), SQLiteStore(db)
+    reads = first.audit_records
+    raced = []
+
+    def read_then_race(selection: RecordFilter, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        if not raced and when == "before its read":
+            raced.append(prune_store(other, signer, before=auditlog.ts(6), now=datetime.now(UTC)))
+        found = list(reads(selection, *args, **kwargs))
+        if not raced:
+            raced.append(prune_store(other, signer, before=auditlog.ts(6), now=datetime.now(UTC)))
+        return iter(found)
+
+    first.audit_records = read_then_race  # type: ignore[method-assign]
+    try:
+        result = prune_store(first, signer, before=auditlog.ts(9), now=datetime.now(UTC), chunk=4)
+    finally:
+        first.close()
+        other.close()
+    assert (raced[0].records, raced[0].through_seq) == (6, 6)
+    assert (result.records, result.through_seq) == (3, 9)
+    assert [r["reason"] for r in rows(db) if r["kind"] == "retention"] == [
+        "pruned 6 records through seq 6",
+        "pruned 3 records through seq 9",
+    ]
+    assert [r["records"] for r in rows(db, "SELECT records FROM audit_checkpoints")] == [3]
+    audit(db, "verify", "--public-key", str(key))
+
+
 def test_prune_refuses_to_erase_tampered_records(db: Path, key: Path) -> None:
     tamper(db, "UPDATE audit_events SET status = 'granted' WHERE seq = 4")
     result = warden(

@@ -21,6 +21,7 @@ from warden_server.audit.checkpoint import CheckpointSigner
 from warden_server.audit.times import parse_time
 from warden_server.errors import InvalidRequest
 from warden_server.records.chain import GENESIS
+from warden_server.records.checkpoint import Checkpoint
 from warden_server.records.events import AuditEvent, iso, now_iso
 from warden_server.records.query import RecordFilter
 from warden_server.store import Store, WriteTransaction
@@ -72,35 +73,58 @@ def prune(
     if last is None:
         return PruneResult(0, None, cutoff)
     through = keep["seq"] - 1 if keep is not None else last["seq"]
-    checkpoint = store.audit_checkpoint()
-    start_seq = checkpoint.seq + 1 if checkpoint else 1
-    prev_hash = checkpoint.hash if checkpoint else GENESIS
     deleted = 0
-    while start_seq <= through:
+    while True:
+        # From the newest checkpoint each time: another prune (the plane's
+        # retention, an operator's command) may have moved it meanwhile.
+        checkpoint = store.audit_checkpoint()
+        start_seq = checkpoint.seq + 1 if checkpoint else 1
+        prev_hash = checkpoint.hash if checkpoint else GENESIS
+        if start_seq > through:
+            break
         end = min(start_seq + chunk - 1, through)
         # Includes any residue below start_seq, which verification rejects.
         rows = list(store.audit_records(RecordFilter(through_seq=end)))
         result = verify_rows(rows, prev_hash, start_seq)
         if not result.ok:
+            if _moved(store, checkpoint):
+                continue  # pruned by another while these were read: not evidence
             raise PruneRefused(
                 f"refusing to prune: seq {result.first_bad_seq} does not verify "
                 f"({result.problem}); the records stay as evidence"
             )
         if not rows:
             break
-        end_hash = rows[-1]["hash"]
-        end = rows[-1]["seq"]
-        deleted += _prune_chunk(
-            store, signer, end=end, end_hash=end_hash, cutoff=cutoff, records=len(rows)
-        )
-        start_seq, prev_hash = end + 1, end_hash
+        try:
+            deleted += _prune_chunk(
+                store,
+                signer,
+                start=start_seq,
+                end=rows[-1]["seq"],
+                end_hash=rows[-1]["hash"],
+                cutoff=cutoff,
+                records=len(rows),
+            )
+        except _Raced:
+            continue
     return PruneResult(deleted, through if deleted else None, cutoff)
+
+
+class _Raced(Exception):
+    """Another prune committed between this chunk's reading and its own."""
+
+
+def _moved(store: Store, read: Checkpoint | None) -> bool:
+    """Whether the newest checkpoint is another than the one ``read``."""
+    now = store.audit_checkpoint()
+    return (now.seq if now else 0) != (read.seq if read else 0)
 
 
 def _prune_chunk(
     store: Store,
     signer: CheckpointSigner,
     *,
+    start: int,
     end: int,
     end_hash: str,
     cutoff: str,
@@ -119,6 +143,8 @@ def _prune_chunk(
     )
 
     def work(tx: WriteTransaction) -> int:
+        if tx.audit_hash(start) is None:
+            raise _Raced  # the chunk's first record went with another's prune
         if tx.audit_hash(end) != end_hash:
             raise PruneRefused(f"record {end} changed while it was being pruned")
         deleted = tx.prune_audit(checkpoint)
