@@ -418,6 +418,17 @@ def test_prune_deletes_old_records_and_leaves_a_signed_checkpoint(db: Path, key:
     assert f"ok: {len(auditlog.LOG) - 10 + 1} records from seq 11" in verified
 
 
+def test_an_anchor_retention_pruned_is_not_counted_as_holding(db: Path, key: Path) -> None:
+    (second,) = rows(db, "SELECT seq, hash FROM audit_events WHERE seq = 2")
+    prune(db, key, auditlog.ts(10))
+    anchor = f"{second['seq']}:{second['hash']}"
+    done = audit(db, "verify", "--public-key", str(key), "--anchor", anchor)
+    assert "anchors hold" not in done.stdout
+    assert done.stdout.rstrip().endswith("chain intact (1 pruned, not checked)")
+    assert "anchor 2: pruned by retention, not checked" in done.stderr
+    assert "not proven without an anchor" in done.stderr
+
+
 def test_prune_with_nothing_old_enough_changes_nothing(db: Path, key: Path) -> None:
     assert "nothing older than" in prune(db, key, "2020-01-01").stdout
     assert len(rows(db)) == len(auditlog.LOG)

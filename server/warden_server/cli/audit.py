@@ -363,13 +363,18 @@ def audit_verify(
         for problem in problems:
             click.echo(f"TAMPERED: {problem}", err=True)
         sys.exit(1)
-    held = f"; {len(expected)} anchors hold" if expected else ""
-    click.echo(f"ok: {result.checked} records{where}, chain intact{held}")
-    if not expected:
+    # An anchor retention pruned was not checked (``_verify`` said so): it
+    # holds nothing up.
+    checked = [a for a in expected if a.seq >= result.start_seq]
+    pruned = len(expected) - len(checked)
+    held = f"; {len(checked)} anchors hold" if checked else ""
+    unchecked = f" ({pruned} pruned, not checked)" if pruned else ""
+    click.echo(f"ok: {result.checked} records{where}, chain intact{held}{unchecked}")
+    if not checked:
         click.echo(NOT_PROVEN_WITHOUT_AN_ANCHOR, err=True)
-    elif result.checked and max(a.seq for a in expected) < result.start_seq + result.checked - 1:
+    elif result.checked and max(a.seq for a in checked) < result.start_seq + result.checked - 1:
         click.echo(
-            f"not proven: the records after seq {max(a.seq for a in expected)} (the newest "
+            f"not proven: the records after seq {max(a.seq for a in checked)} (the newest "
             "anchor) could have been cut off or rewritten; a newer anchor covers them",
             err=True,
         )
