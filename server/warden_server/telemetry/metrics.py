@@ -396,36 +396,82 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class _Combined(Collector):
-    """This process's registry plus the expositions of the plane's other processes."""
+    """This process's registry plus the expositions of the plane's other processes.
+
+    Counters never go down, as Prometheus requires of them: a process that
+    does not answer in time counts with what it last said, and what a process
+    counted before it ended (or was replaced on its port) stays in the sums.
+    """
 
     def __init__(self, own: CollectorRegistry, peers: Callable[[], Sequence[int]]) -> None:
         self._own = own
         self._peers = peers
+        self._last: dict[int, str] = {}
+        """Each peer's last exposition, by its metrics port."""
+        self._departed: list[str] = []
+        """The last expositions of processes that ended: their counts stay."""
+        self._lock = threading.Lock()
 
     def collect(self) -> Iterable[Metric]:
         texts = [generate_latest(self._own).decode()]
-        for port in self._peers():
-            try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{port}/metrics", timeout=PEER_SCRAPE_TIMEOUT_S
-                ) as answer:
-                    texts.append(answer.read().decode())
-            except OSError:
-                # A process stopping or restarting: serve what the others counted.
-                log.warning("the plane process with metrics on port %d did not answer", port)
-        return merge_expositions(texts)
+        with self._lock:
+            ports = list(self._peers())
+            for port in ports:
+                text = _scrape(port)
+                last = self._last.get(port)
+                if text is None:
+                    if last is not None:
+                        texts.append(last)
+                    continue
+                if last is not None and _counted(text) < _counted(last):
+                    self._departed.append(last)  # another process on the port
+                self._last[port] = text
+                texts.append(text)
+            for port in [p for p in self._last if p not in ports]:
+                self._departed.append(self._last.pop(port))
+            departed = list(self._departed)
+        return merge_expositions(texts, departed=departed)
+
+
+def _scrape(port: int) -> str | None:
+    """A peer's exposition, or None when it did not answer in time."""
+    try:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/metrics", timeout=PEER_SCRAPE_TIMEOUT_S
+        ) as answer:
+            return str(answer.read().decode())
+    except OSError:
+        # A process stopping, restarting or stalled: what it said last counts.
+        log.warning("the plane process with metrics on port %d did not answer", port)
+        return None
+
+
+def _counted(text: str) -> float:
+    """Everything an exposition's counters and histograms counted, together:
+    lower than before only for a process that started afresh."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.type != "gauge"
+        for sample in family.samples
+        if not sample.name.endswith("_created")
+    )
 
 
 PEER_SCRAPE_TIMEOUT_S: Final = 2.0
 
 
-def merge_expositions(texts: Iterable[str]) -> list[Metric]:
+def merge_expositions(texts: Iterable[str], *, departed: Iterable[str] = ()) -> list[Metric]:
     """Several processes' figures as one plane's: counters and histograms summed,
-    gauges at their largest, ``_created`` at its earliest."""
+    gauges at their largest, ``_created`` at its earliest. The ``departed``
+    (processes that ended) add their counters and histograms, not their gauges."""
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
-    for text in texts:
+    sources = [(text, False) for text in texts] + [(text, True) for text in departed]
+    for text, ended in sources:
         for family in text_string_to_metric_families(text):
+            if ended and family.type == "gauge":
+                continue
             merged = families.setdefault(
                 family.name, Metric(family.name, family.documentation, family.type)
             )
