@@ -604,6 +604,8 @@ def check_files(
                 problem = f"no such file {file}"
             elif (section, key) in ED25519_KEY_FILES:
                 problem = _ed25519_problem(file, private=ED25519_KEY_FILES[section, key]) or ""
+            elif section == "server" and key.startswith("tls_"):
+                problem = _tls_problem(key, file, config) or ""
             else:
                 continue
             if not problem:
@@ -626,6 +628,43 @@ def check_files(
         raise ConfigError(
             f"{path}: files it names are missing or unusable:\n" + "\n".join(problems)
         )
+
+
+def _tls_problem(key: str, file: Path, config: Config) -> str | None:
+    """What keeps ``file`` from being the TLS certificate chain, private key or
+    client CA its setting names, if anything: gRPC itself would say only that
+    it could not bind the port."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        pem = file.read_bytes()
+    except OSError as exc:
+        return f"cannot read {file}: {exc.strerror or exc}"
+    if key in ("tls_cert_file", "tls_client_ca_file"):
+        try:
+            x509.load_pem_x509_certificates(pem)
+        except ValueError:
+            return f"{file} holds no PEM certificate"
+        return None
+    try:
+        private = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError):
+        return f"{file} is not a PEM private key without a password"
+    cert_file = config.server.tls_cert_file
+    if cert_file is None:
+        return None
+    try:
+        leaf = x509.load_pem_x509_certificates(config.path(cert_file).read_bytes())[0]
+    except (OSError, ValueError):
+        return None  # the certificate's own problem is named at its line
+    ours = serialization.PublicFormat.SubjectPublicKeyInfo
+    encoding = serialization.Encoding.DER
+    if private.public_key().public_bytes(encoding, ours) != leaf.public_key().public_bytes(
+        encoding, ours
+    ):
+        return f"{file} is not the private key of the certificate in {config.path(cert_file)}"
+    return None
 
 
 def _ed25519_problem(file: Path, *, private: bool) -> str | None:

@@ -741,6 +741,43 @@ def test_serve_names_every_key_of_the_wrong_kind_at_its_line_before_making_anyth
 
 
 @pytest.mark.fixed_processes
+def test_serve_names_tls_files_that_cannot_serve_at_their_lines_before_making_anything(
+    tmp_path: Path,
+) -> None:
+    """gRPC would say only that it could not bind the port."""
+    from tests.integration.test_tls import Authority
+
+    config_path = write_config(tmp_path / "cli")
+    folder = config_path.parent
+    authority = Authority(folder, "ca")
+    _, cert = authority.issue("plane")
+    other_key, _ = authority.issue("other")
+    (folder / "junk.pem").write_text("not a certificate\n")
+    text = config_path.read_text().replace(
+        'listen = "127.0.0.1:0"\n',
+        'listen = "127.0.0.1:0"\n'
+        f'tls_cert_file = "{cert.name}"\ntls_key_file = "{other_key.name}"\n'
+        'tls_client_ca_file = "junk.pem"\n',
+    )
+    config_path.write_text(text)
+    lines = text.splitlines()
+    done = warden_exits("serve", "--config", str(config_path))
+    assert done.returncode == 1
+
+    def at(key: str) -> int:
+        return next(n for n, line in enumerate(lines, 1) if line.startswith(key))
+
+    assert done.stderr.splitlines() == [
+        f"Error: {config_path}: files it names are missing or unusable:",
+        f"  {config_path}:{at('tls_key_file')}: server.tls_key_file: {other_key} is not the "
+        f"private key of the certificate in {cert}",
+        f"  {config_path}:{at('tls_client_ca_file')}: server.tls_client_ca_file: "
+        f"{folder / 'junk.pem'} holds no PEM certificate",
+    ]
+    assert not (folder / "var").exists(), "it made the store before failing"
+
+
+@pytest.mark.fixed_processes
 def test_serve_with_no_policy_folder_says_so_before_making_the_store(tmp_path: Path) -> None:
     config_path = write_config(tmp_path / "cli")
     done = warden_exits(
