@@ -426,6 +426,26 @@ def test_serve_is_healthy_reflects_its_services_and_stops_cleanly_on_sigterm(
     assert (tmp_path / "cli" / "var" / "warden.db").exists()
 
 
+@pytest.mark.fixed_processes
+def test_serve_with_json_logs_says_every_line_of_its_own_as_json(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    config_path = write_config(tmp_path / "cli")
+    target = f"127.0.0.1:{free_port()}"
+    process = start_serve(
+        processes, config_path, target, "--log-format", "json", "--processes", "2"
+    )
+    await_serving(process, target)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=10)
+    assert process.returncode == 0, stderr
+    said = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    messages = [entry["message"] for entry in said]
+    assert any(m.startswith(f"warden serving on {target} (store ") for m in messages), messages
+    assert sum(m.startswith(f"warden listening on {target}") for m in messages) == 2, messages
+    assert "received SIGTERM, stopping" in messages
+
+
 def test_serve_stops_on_a_sigterm_the_kernel_hands_to_another_of_its_threads(
     tmp_path: Path, processes: list[subprocess.Popen[str]]
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -14,7 +15,7 @@ from warden_server.config import URL_SCHEME, ConfigError, check_files
 from warden_server.stopping import StopRequest
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from warden_server.app import Server
     from warden_server.config import Config
@@ -79,6 +80,10 @@ def serve(
         config = config.model_copy(
             update={"telemetry": config.telemetry.model_copy(update={"metrics_listen": moved})}
         )
+    if log_format is not None:  # in the config, so that the other processes log so too
+        config = config.model_copy(
+            update={"telemetry": config.telemetry.model_copy(update={"log_format": log_format})}
+        )
     # Counted once, here: once this process runs on one CPU of them, and its
     # joining processes on theirs, a count by CPU affinity would see one.
     counted = config.server.model_copy(update={"processes": config.process_count})
@@ -87,7 +92,8 @@ def serve(
     # stops the plane (``warden_server.stopping`` says why). Asked while still
     # starting (the plane imports, the policy sets load, the other processes
     # start), it stops as soon as serving has begun, rather than die half-started.
-    request = StopRequest(say=_say)
+    say = _sayer(config.telemetry.log_format)
+    request = StopRequest(say=say)
     signal.signal(signal.SIGTERM, request.handle)
     signal.signal(signal.SIGINT, request.handle)
     _check_addresses(config)
@@ -101,25 +107,41 @@ def serve(
     from warden_server.processes import prepare_collector
     from warden_server.telemetry.logs import configure_logging
 
-    configure_logging(log_level, log_format or config.telemetry.log_format)
+    configure_logging(log_level, config.telemetry.log_format)
     prepare_collector()
     cpus = cpus_for(config.process_count, pin=config.server.pin_processes)
     server = _launch(config, cpus)
     try:
         count = config.process_count
-        _say(
-            f"warden serving on {server.target} (store {config.store_path}, "
+        say(
+            f"warden serving on {server.target} (store {config.store_url or config.store_path}, "
             f"policies {config.policies_path}, {count} process{'es' if count > 1 else ''}"
             f"{', on CPUs ' + ', '.join(map(str, cpus)) if cpus else ''})"
         )
         if server.metrics_port is not None:
             host = (config.telemetry.metrics_listen or "").rpartition(":")[0]
-            _say(f"metrics on http://{host}:{server.metrics_port}/metrics")
+            say(f"metrics on http://{host}:{server.metrics_port}/metrics")
         server.wait(until=request.made)
     finally:
         # Whatever ended the wait, the other processes are told to stop: left
         # serving, they would hold this process at its exit for good.
         server.stop()
+
+
+def _sayer(log_format: Literal["text", "json"]) -> Callable[[str], None]:
+    """How the plane's own lines (serving, metrics, stopping) are said: as they
+    read, or, with JSON logs, as log records like every other line."""
+    if log_format != "json":
+        return _say
+    from warden_server.telemetry.logs import JsonFormatter
+
+    formatter = JsonFormatter()
+
+    def say(line: str) -> None:
+        record = logging.LogRecord(__name__, logging.INFO, __file__, 0, line, None, None)
+        _say(formatter.format(record))
+
+    return say
 
 
 def _say(line: str) -> None:
