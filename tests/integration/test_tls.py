@@ -117,6 +117,7 @@ def test_a_client_that_trusts_the_plane_s_authority_is_served(
 def test_a_plaintext_client_fails_closed(tls_plant: Plant) -> None:
     env = _echo(tls_plant, None)
     assert env.error is not None and env.error.code == "GOVERNANCE_UNAVAILABLE"
+    assert "TLS on one side only" in str(env.error.cause), env.error.cause
 
 
 def test_a_client_that_trusts_another_authority_fails_closed(
@@ -144,6 +145,7 @@ def test_mutual_tls_serves_only_clients_with_a_certificate_it_trusts(
     assert _echo(plant, with_cert).status == "succeeded"
     without = _echo(plant, warden.TLS(ca_file=ca))
     assert without.error is not None and without.error.code == "GOVERNANCE_UNAVAILABLE"
+    assert "WARDEN_TLS_CERT_FILE" in str(without.error.cause), without.error.cause
     foreign_key, foreign_cert = authority.issue("not-a-service")
     foreign = warden.TLS(ca_file=ca, cert_file=str(foreign_cert), key_file=str(foreign_key))
     assert _echo(plant, foreign).error is not None

@@ -24,6 +24,12 @@ _REASONS = (
     ("errors resolving", "the host name does not resolve"),
     ("dns resolution failed", "the host name does not resolve"),
     ("connection reset", "the connection was closed at once (is it a gRPC server?)"),
+    (
+        "socket closed",
+        "the connection was closed while it was set up (TLS on one side only, or a client "
+        "certificate the plane wants and did not get: see WARDEN_TLS_CA_FILE and "
+        "WARDEN_TLS_CERT_FILE)",
+    ),
 )
 NO_PLANE = "no plane at "
 """How every "no plane at TARGET" message begins."""
