@@ -52,6 +52,11 @@ rules:
 """
 
 
+def line_starting(lines: list[str], key: str) -> int:
+    """The number of the first of ``lines`` that starts with ``key``."""
+    return next(n for n, line in enumerate(lines, 1) if line.startswith(key))
+
+
 def warden_exits(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """``warden ARGS`` in a process of its own, run until it exits (a command
     that fails before it serves, or one that ends by itself)."""
@@ -696,7 +701,7 @@ def test_serve_names_every_missing_key_file_at_its_line_before_making_anything(
     assert done.returncode == 1
 
     def at(key: str) -> int:
-        return next(n for n, line in enumerate(lines, 1) if line.startswith(key))
+        return line_starting(lines, key)
 
     folder = config_path.parent
     assert done.stderr.splitlines() == [
@@ -746,7 +751,7 @@ def test_serve_names_every_key_of_the_wrong_kind_at_its_line_before_making_anyth
     assert done.returncode == 1
 
     def at(key: str) -> int:
-        return next(n for n, line in enumerate(lines, 1) if line.startswith(key))
+        return line_starting(lines, key)
 
     assert done.stderr.splitlines() == [
         f"Error: {config_path}: files it names are missing or unusable:",
@@ -785,7 +790,7 @@ def test_serve_names_tls_files_that_cannot_serve_at_their_lines_before_making_an
     assert done.returncode == 1
 
     def at(key: str) -> int:
-        return next(n for n, line in enumerate(lines, 1) if line.startswith(key))
+        return line_starting(lines, key)
 
     assert done.stderr.splitlines() == [
         f"Error: {config_path}: files it names are missing or unusable:",
