@@ -2,10 +2,10 @@
 
 A new ``require_approval`` decision creates a pending approval bound to the
 capability id and version, the requester (id and tenant) and the input digest
-(SI-6). A
-resumed call must present an approval bound to exactly that and asked for by
-the rule that requires approval now; it is consumed atomically when the grant
-is written, so it works once.
+(SI-6). A resumed call must present an approval bound to exactly that and
+asked for by the rule that requires approval now; it is consumed atomically
+when the grant is written, so it works once. A resume the rules no longer ask
+approval for consumes the open approval it presented all the same.
 """
 
 from __future__ import annotations
