@@ -79,7 +79,7 @@ const REQUIRED = ["iss", "jti", "sub", "cap", "ver", "svc", "dig", "exp"] as con
  */
 export function verifyGrant(
   token: string,
-  keys: Iterable<GrantKey> | Readonly<Record<string, string>>,
+  keys: Iterable<GrantKey> | ReadonlyMap<string, string> | Readonly<Record<string, string>>,
   options: VerifyGrantOptions,
 ): GrantClaims {
   if ((options.input === undefined) === (options.inputDigest === undefined)) {
@@ -169,12 +169,15 @@ function decodeSegment(segment: string): Record<string, unknown> | null {
 }
 
 function publicKeys(
-  keys: Iterable<GrantKey> | Readonly<Record<string, string>>,
+  keys: Iterable<GrantKey> | ReadonlyMap<string, string> | Readonly<Record<string, string>>,
 ): Map<string, KeyObject> {
+  // A Map is iterable too, of [key id, PEM] pairs: told apart first.
   const pairs: [string, string][] =
-    Symbol.iterator in keys
-      ? [...(keys as Iterable<GrantKey>)].map((k) => [k.keyId, k.publicKeyPem])
-      : Object.entries(keys as Record<string, string>);
+    keys instanceof Map
+      ? [...(keys as ReadonlyMap<string, string>).entries()]
+      : Symbol.iterator in keys
+        ? [...(keys as Iterable<GrantKey>)].map((k) => [k.keyId, k.publicKeyPem])
+        : Object.entries(keys as Record<string, string>);
   const out = new Map<string, KeyObject>();
   for (const [kid, pem] of pairs) {
     const key = createPublicKey(pem);

@@ -115,6 +115,11 @@ function service(at = target, governanceTimeoutMs = 2_000): Runtime {
   rt.capability({ id: "billing.pass", input: amountIn, output: object }, async (input, ctx) => {
     const keys = await rt.grantKeys();
     const claims = verifyGrant(ctx.grantToken, keys, { capabilityId: "billing.pass", input });
+    // The same keys as a Map from key id to PEM, as the docs offer them.
+    const pems = new Map(keys.map((k) => [k.keyId, k.publicKeyPem] as [string, string]));
+    const again = verifyGrant(ctx.grantToken, pems, { capabilityId: "billing.pass", input });
+    if (again.invocationId !== claims.invocationId)
+      throw new Error("the Map verified another grant");
     return { actor: claims.actorId, capability: claims.capabilityId };
   });
   return rt;
