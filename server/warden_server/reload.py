@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import watchfiles
 
@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 ReloadResult = Literal["loaded", "rejected", "unchanged"]
 MAX_RECORDED_PROBLEMS_CHARS = 16_000
 WATCH_STEP_MS = 10
+FOLDER_CHECK_MS: Final = 1_000
+"""How often the watcher checks that the folder it watches is still the one at
+its path: one swapped in whole (``mv new policies``) is watched from then on."""
 """How often the folder's watcher looks at its stop signal: the longest a
 plane's shutdown waits for it. Each look is a few microseconds."""
 
@@ -217,16 +220,24 @@ class PolicyReloader:
             ignore_paths=[] if tests_gate else [self._directory / "tests"]
         )
         while not self._stop.is_set():
+            watched = _identity(self._directory)
             try:
-                for _changes in watchfiles.watch(
+                for changes in watchfiles.watch(
                     self._directory,
                     watch_filter=ignore,
                     debounce=self._config.server.policy_debounce_ms,
                     step=min(WATCH_STEP_MS, self._config.server.policy_debounce_ms),
                     stop_event=self._stop,
                     raise_interrupt=False,
+                    rust_timeout=FOLDER_CHECK_MS,
+                    yield_on_timeout=True,
                 ):
-                    self._reload_logged()
+                    if changes:
+                        self._reload_logged()
+                    if _identity(self._directory) != watched:
+                        # Replaced whole: the watch follows the old folder.
+                        log.info("%s was replaced; watching the new folder", self._directory)
+                        break
             except Exception as exc:
                 # The folder vanished or cannot be watched: retry, and meanwhile
                 # record what the folder now is.
@@ -241,6 +252,15 @@ class PolicyReloader:
         except Exception:
             # The set in force stays; the watcher must outlive any one failure.
             log.exception("policy reload failed; the set in force stays")
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """Which folder is at ``folder`` now (device and inode), if any."""
+    try:
+        found = folder.stat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def _compile(

@@ -208,6 +208,39 @@ def test_a_folder_back_to_the_set_in_force_settles_the_refusal(
     assert [r["status"] for r in plant.events(kind="policy")] == ["loaded", "rejected"]
 
 
+def test_a_folder_replaced_whole_is_watched_from_then_on(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    """A deploy that swaps the folder in (``mv new live``) is loaded, and the
+    edits after it too: the watch followed the old folder and heard no more."""
+    folder = tmp_path / "live"
+    folder.mkdir()
+    (folder / "rules.yaml").write_text(SET_A)
+    plant = start_plane(folder, policy_debounce_ms=50)
+    holder = plant.server.plane.policies
+
+    def moved_on(revision: str) -> bool:
+        deadline = time.monotonic() + 20
+        while holder.current().revision == revision:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    first = holder.current().revision
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    (staged / "rules.yaml").write_text(SET_B)
+    folder.rename(tmp_path / "old")
+    staged.rename(folder)
+    assert moved_on(first), "the folder swapped in was not loaded"
+    second = holder.current().revision
+    time.sleep(1.5)  # past a check of the folder's identity, which follows the new one
+    write_atomically(folder / "rules.yaml", SET_A.replace("input.n > 100", "input.n > 70"))
+    assert moved_on(second), "an edit to the new folder was not loaded"
+    assert holder.status().rejected is None
+
+
 def test_a_vanished_folder_keeps_the_last_good_set(
     start_plane: Callable[..., Plant], tmp_path: Path
 ) -> None:
