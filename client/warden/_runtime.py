@@ -59,7 +59,6 @@ from warden._outbox import Outbox, default_outbox_path
 from warden._retry import RetryPolicy, may_retry
 from warden._tracing import in_invocation_trace
 from warden._transport import ReportTransport, Transport
-from warden.shared.canonical import compact_json
 from warden.shared.ids import uuid7
 from warden.shared.tls import TLS
 from warden.shared.wire import MAX_IDEMPOTENCY_KEY
@@ -704,12 +703,19 @@ def _context_json(context: Mapping[str, Any] | None) -> str:
     """The caller's context as JSON text, or the caller's mistake: NaN,
     infinity or a value of no JSON kind would read as a policy input nobody
     gave (written as null) or fail on the wire."""
-    value = dict(context or {})
+    if not context:
+        return "{}"
     try:
-        json.dumps(value, allow_nan=False)
+        # compact_json's own text (compact, keys sorted), written once.
+        return json.dumps(
+            dict(context),
+            allow_nan=False,
+            separators=(",", ":"),
+            sort_keys=True,
+            ensure_ascii=False,
+        )
     except (TypeError, ValueError) as exc:
         raise WardenError(f"context is not JSON: {exc}") from None
-    return compact_json(value)
 
 
 def _check_surface(surface: str) -> None:

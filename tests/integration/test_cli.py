@@ -57,6 +57,15 @@ def line_starting(lines: list[str], key: str) -> int:
     return next(n for n, line in enumerate(lines, 1) if line.startswith(key))
 
 
+def refused_at_start(config_path: Path) -> tuple[list[str], Callable[[str], int]]:
+    """``warden serve`` with ``config_path``, which must refuse to start: the
+    lines it said, and the line of the config each setting is on."""
+    lines = config_path.read_text().splitlines()
+    done = warden_exits("serve", "--config", str(config_path))
+    assert done.returncode == 1, done.stderr
+    return done.stderr.splitlines(), lambda key: line_starting(lines, key)
+
+
 def warden_exits(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """``warden ARGS`` in a process of its own, run until it exits (a command
     that fails before it serves, or one that ends by itself)."""
@@ -696,15 +705,10 @@ def test_serve_names_every_missing_key_file_at_its_line_before_making_anything(
         + '\n[grants]\nverification_key_files = ["gone.pem"]\n'
         + '\n[audit]\ncheckpoint_key_file = "ck.pem"\n'
     )
-    lines = config_path.read_text().splitlines()
-    done = warden_exits("serve", "--config", str(config_path))
-    assert done.returncode == 1
-
-    def at(key: str) -> int:
-        return line_starting(lines, key)
+    said, at = refused_at_start(config_path)
 
     folder = config_path.parent
-    assert done.stderr.splitlines() == [
+    assert said == [
         f"Error: {config_path}: files it names are missing or unusable:",
         f"  {config_path}:{at('tls_cert_file')}: server.tls_cert_file: "
         f"no such file {folder / 'c.pem'}",
@@ -746,14 +750,9 @@ def test_serve_names_every_key_of_the_wrong_kind_at_its_line_before_making_anyth
         + '\n[grants]\nsigning_key_file = "public.pem"\nverification_key_files = ["junk.pem"]\n'
         + '\n[audit]\ncheckpoint_key_file = "rsa.pem"\n'
     )
-    lines = config_path.read_text().splitlines()
-    done = warden_exits("serve", "--config", str(config_path))
-    assert done.returncode == 1
+    said, at = refused_at_start(config_path)
 
-    def at(key: str) -> int:
-        return line_starting(lines, key)
-
-    assert done.stderr.splitlines() == [
+    assert said == [
         f"Error: {config_path}: files it names are missing or unusable:",
         f"  {config_path}:{at('signing_key_file')}: grants.signing_key_file: "
         f"{folder / 'public.pem'} is a public key; grants are signed with the private one",
@@ -785,14 +784,9 @@ def test_serve_names_tls_files_that_cannot_serve_at_their_lines_before_making_an
         'tls_client_ca_file = "junk.pem"\n',
     )
     config_path.write_text(text)
-    lines = text.splitlines()
-    done = warden_exits("serve", "--config", str(config_path))
-    assert done.returncode == 1
+    said, at = refused_at_start(config_path)
 
-    def at(key: str) -> int:
-        return line_starting(lines, key)
-
-    assert done.stderr.splitlines() == [
+    assert said == [
         f"Error: {config_path}: files it names are missing or unusable:",
         f"  {config_path}:{at('tls_key_file')}: server.tls_key_file: {other_key} is not the "
         f"private key of the certificate in {cert}",
