@@ -210,7 +210,8 @@ class JoinedProcesses:
 
     Once they serve, ``supervise`` keeps their number: one that ends while
     the plane serves (killed by the kernel for memory, say) is logged and
-    replaced, and the new one listens at once beside the others. One that
+    replaced (``STOP_SETTLE_S`` later), and the new one listens at once beside
+    the others. One that
     ended soon after it started waits a little longer each time before the
     next is started (``RESTART_PAUSES_S``), so a process that cannot live
     does not take the machine with it.
@@ -344,11 +345,16 @@ class JoinedProcesses:
     def _replace(self, index: int, pause: float) -> float:
         """Start a process in place of the ``index``-th, which ended, and let
         it serve; returns the pause to make before replacing that one again."""
+        ended_at = time.monotonic()
+        # A stop of the whole process group (a service manager's) ends the
+        # other processes a moment before this one's handler asks the plane
+        # to stop: a process ended by that stop is neither a failure nor
+        # replaced.
+        if self._stopping.wait(STOP_SETTLE_S):
+            return pause
         with self._lock:
-            if self._stopping.is_set():
-                return pause
             old = self._joined[index]
-        lived = time.monotonic() - old.started_at
+        lived = ended_at - old.started_at
         old.join(timeout=0)  # it ended: this takes its status from the forkserver
         if lived < STABLE_AFTER_S:  # it could not live: wait longer each time
             pause = min(RESTART_PAUSES_S[1], max(pause * 2, RESTART_PAUSES_S[0]))
@@ -430,6 +436,9 @@ RESTART_PAUSES_S: Final = (1.0, 60.0)
 within ``STABLE_AFTER_S`` of its start."""
 STABLE_AFTER_S: Final = 30.0
 """A process that lived this long is replaced at once when it ends."""
+STOP_SETTLE_S: Final = 1.0
+"""How long a process that ended waits to be taken for a failure: the time
+the plane's own stop may take to follow a signal sent to every process of it."""
 
 
 def _tell_to_listen(joined: _Joined) -> None:

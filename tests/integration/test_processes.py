@@ -576,6 +576,24 @@ def test_a_process_outlives_its_forkserver_and_is_not_replaced(
     assert _ends_within(serving, 15), "the plane's stop did not reach the process"
 
 
+def test_a_process_ended_just_before_the_plane_stops_is_not_taken_for_a_failure(
+    start_plane: Callable[..., Plant], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SIGTERM to the whole process group may end a joining process before
+    the first process's handler has asked the plane to stop: that process is
+    neither logged as ended with an error nor replaced (nor is a replacement
+    started through a forkserver the same signal ended)."""
+    plant = start_plane(processes=2)
+    joined = plant.server.joined
+    assert joined is not None
+    (serving,) = joined.pids
+    os.kill(serving, signal.SIGTERM)
+    assert _ends_within(serving, 15), "the process did not stop on SIGTERM"
+    plant.server.stop(grace=0)
+    assert "ended with status" not in caplog.text
+    assert joined.replaced == 0
+
+
 def test_a_plane_signalled_as_a_process_group_stops_cleanly(tmp_path: Path) -> None:
     """``systemctl stop`` (KillMode=control-group) sends SIGTERM to every
     process of the plane at once, the forkserver among them: the plane exits
