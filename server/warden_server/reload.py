@@ -14,7 +14,7 @@ import contextlib
 import gc
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
@@ -32,9 +32,9 @@ from warden_server.policy.loader import (
     read_policy_folder,
 )
 from warden_server.policy.serving import evaluator_for, serving
-from warden_server.policy.testing import tests_digest
+from warden_server.policy.testing import registered_capabilities, tests_digest
 from warden_server.records.events import AuditEvent
-from warden_server.registry import Registry
+from warden_server.registry import Capability, Registry
 from warden_server.store import Store, WriteTransaction
 
 if TYPE_CHECKING:
@@ -52,12 +52,10 @@ its path: one swapped in whole (``mv new policies``) is watched from then on."""
 plane's shutdown waits for it. Each look is a few microseconds."""
 
 
-def input_schemas(registry: Registry) -> list[InputSchema]:
+def input_schemas(versions: Sequence[Capability]) -> list[InputSchema]:
     """The input schema of every registered capability version, for the checker
     (a pinned older version can still be called)."""
-    return [
-        InputSchema(c.id, c.definition.input_schema, c.version) for c in registry.every_version()
-    ]
+    return [InputSchema(c.id, c.definition.input_schema, c.version) for c in versions]
 
 
 def load_at_start(
@@ -290,17 +288,19 @@ def collector_paused() -> Iterator[None]:
 def _compile_now(
     config: Config, source: PolicySource, registry: Registry, in_force: PolicySet | None
 ) -> PolicySet:
+    versions = registry.every_version()
     compiled = compile_policies(
         source,
         default_effect=config.server.default_effect,
         evaluator=evaluator_for(config.server.evaluator),
-        capabilities=input_schemas(registry),
+        capabilities=input_schemas(versions),
         reuse=in_force,
     )
     served, failing = serving(
         compiled,
         source.directory,
         require_passing_tests=config.policies.require_passing_tests,
+        capabilities=registered_capabilities(c.to_cel() for c in versions),
     )
     if failing:
         raise PolicyLoadError(failing, source.revision, source.names)

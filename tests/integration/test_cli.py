@@ -1188,6 +1188,69 @@ tests:
     assert {"rule": "no-refunds-above-10000", "error": "no such key: amount"} in case["errors"]
 
 
+SIDE_EFFECT_RULES = """\
+rules:
+  - id: reads-are-free
+    capabilities: ["orders.*"]
+    effect: allow
+    when: capability.side_effect == "read" && capability.version == "1"
+"""
+SIDE_EFFECT_CASE = """\
+tests:
+  - name: looking an order up reads, so it is allowed
+    capability: orders.get
+    actor: {id: alice, roles: [], tenant: acme}
+    input: {order_id: A1}
+    expect: {effect: allow, rule: reads-are-free}
+"""
+
+
+@pytest.mark.fixed_processes
+def test_policy_test_calls_a_capability_named_by_id_as_registered(tmp_path: Path) -> None:
+    """orders.get reads (DIRECTORY/capabilities.json says so, as the plane's
+    registry would): a case naming it by id is decided with that, as the
+    plane decides, not with made-up facts ("write")."""
+    folder = tmp_path / "policies"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "rules.yaml").write_text(SIDE_EFFECT_RULES)
+    (folder / "tests" / "reads.yaml").write_text(SIDE_EFFECT_CASE)
+    shutil.copy(EXAMPLE_POLICIES / "capabilities.json", folder)
+    result = run("policy", "test", str(folder))
+    assert result.exit_code == 0, result.output
+    assert "1 passed, 0 failed" in result.stdout
+    assert "capabilities not" not in result.stderr
+    # Without a source of capabilities, the case says what it was called with.
+    (folder / "capabilities.json").unlink()
+    unknown = run("policy", "test", str(folder), "--json")
+    assert unknown.exit_code == 1
+    assert json.loads(unknown.stdout.splitlines()[-1])["summary"]["unregistered_capabilities"] == [
+        "orders.get"
+    ]
+    assert (
+        "capabilities not known (give --target and --token, --store, or keep "
+        'DIRECTORY/capabilities.json): orders.get; the cases naming them call them as version "1", '
+        'service "", side effect "write", without tags\n'
+    ) in unknown.stderr
+    # A snapshot given that does not hold it says so too.
+    snapshot = tmp_path / "other.json"
+    snapshot.write_text(json.dumps({"capabilities": []}))
+    elsewhere = run("policy", "test", str(folder), "--capabilities", str(snapshot))
+    assert f"capabilities not in the snapshot {snapshot}: orders.get;" in elsewhere.stderr
+
+
+@pytest.mark.fixed_processes
+def test_policy_test_refuses_a_snapshot_whose_capability_is_malformed(tmp_path: Path) -> None:
+    snapshot = tmp_path / "capabilities.json"
+    snapshot.write_text(
+        json.dumps(
+            {"capabilities": [{"id": "orders.get", "input_schema": {}, "side_effect": "sometimes"}]}
+        )
+    )
+    result = run("policy", "test", str(EXAMPLE_POLICIES), "--capabilities", str(snapshot))
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: snapshot {snapshot}: capabilities[0]: side_effect: ")
+
+
 @pytest.mark.fixed_processes
 def test_policy_test_reports_rules_no_test_exercised(tmp_path: Path) -> None:
     folder = tmp_path / "policies"

@@ -352,6 +352,42 @@ def test_si12_a_set_whose_own_tests_fail_is_not_loaded_and_status_names_the_case
     assert holder.current() is not before
 
 
+READS_ONLY = """
+rules:
+  - id: reads-are-free
+    capabilities: ["orders.*"]
+    effect: allow
+    when: capability.side_effect == "read"
+"""
+READS_ONLY_TEST = """
+tests:
+  - name: echo reads, so it is allowed
+    capability: orders.echo
+    input: {n: 10}
+    expect: {effect: allow, rule: reads-are-free}
+"""
+
+
+def test_the_gate_calls_a_capability_named_by_id_as_registered(
+    start_plane: Callable[..., Plant], tmp_path: Path
+) -> None:
+    """A case naming a capability by id is decided with the capability as the
+    registry holds it (orders.echo reads), not with made-up facts: the set
+    its case passes on the plane loads, and the decision agrees with it."""
+    folder = tmp_path / "live"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "rules.yaml").write_text(SET_A)
+    plant = start_plane(folder, watch_policies=False)
+    rt = build_lab(plant.target, ORDERS_TOKEN, Lab())
+    rt.register()
+    reloader, holder = plant.server.plane.reloader, plant.server.plane.policies
+    (folder / "tests" / "reads.yaml").write_text(READS_ONLY_TEST)
+    write_atomically(folder / "rules.yaml", READS_ONLY)
+    assert reloader.reload() == "loaded", holder.status().rejected
+    env = rt.invoke("orders.echo", {"n": 10}, actor=plant.token())
+    assert env.status == "succeeded"
+
+
 def test_a_set_whose_tests_fail_loads_when_the_gate_is_off(tmp_path: Path) -> None:
     folder = tmp_path / "live"
     (folder / "tests").mkdir(parents=True)

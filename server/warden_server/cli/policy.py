@@ -34,7 +34,12 @@ from warden_server.policy.inputs import InputSchema, schemas_from_snapshot
 from warden_server.policy.loader import PolicyLoadError, Problem, load_policies
 from warden_server.policy.model import json_schema, parse_timestamp
 from warden_server.policy.serving import evaluator_for
-from warden_server.policy.testing import load_test_cases, run_policy_tests
+from warden_server.policy.testing import (
+    TestReport,
+    load_test_cases,
+    registered_capabilities,
+    run_policy_tests,
+)
 from warden_server.registry import CapabilityDefinition, Registry
 from warden_server.services import convert
 
@@ -154,6 +159,10 @@ def _unchecked(capabilities: list[InputSchema] | None) -> list[str]:
 
 @policy.command("test")
 @DIRECTORY
+@SNAPSHOT_OPTION
+@STORE_OPTION
+@TARGET
+@TOKEN
 @click.option("--run", "pattern", help="Run only the tests whose name matches this regex.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per case, then a summary.")
 @click.option(
@@ -163,8 +172,21 @@ def _unchecked(capabilities: list[InputSchema] | None) -> list[str]:
     show_default=True,
     help="Fail below this percentage of rules exercised and condition outcomes seen, together.",
 )
-def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverage: float) -> None:
+def policy_test(
+    directory: Path,
+    snapshot: Path | None,
+    store: Path | None,
+    target: str | None,
+    token: str | None,
+    pattern: str | None,
+    as_json: bool,
+    min_coverage: float,
+) -> None:
     """Run the test cases in DIRECTORY/tests against the policies in DIRECTORY.
+
+    A case naming a capability by id calls it as registered (its version,
+    service, side effect and tags), read from the same sources as for `check`
+    (--target, --store, --capabilities, DIRECTORY/capabilities.json).
 
     Prints a PASS/FAIL line per case, the rules no case made match, the
     condition outcomes no case produced (each && and || operand, and each
@@ -175,19 +197,53 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
         selector = re.compile(pattern) if pattern else None
     except re.error as exc:
         raise click.BadParameter(f"not a regular expression: {exc}", param_hint="--run") from None
+    snapshot = _snapshot_beside(directory, snapshot, store, target)
+    records, origin = _capability_records(snapshot, store, target, token)
+    try:
+        registered = registered_capabilities(records) if records is not None else None
+    except ValueError as exc:
+        raise click.ClickException(f"{origin}: {exc}") from None
     try:
         # Compiled for the fast evaluator, whose reference twin runs every case too.
         policies = load_policies(directory, evaluator=evaluator_for("cel-cpp"))
     except PolicyLoadError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None
-    report = run_policy_tests(policies, directory, pattern=selector)
+    report = run_policy_tests(policies, directory, pattern=selector, capabilities=registered)
     for problem in sorted(report.problems):
         click.echo(str(problem), err=True)
-    for case in report.cases:
-        if as_json:
+    coverage = report.coverage * 100
+    # Rounded down: 99.6% never shows as the 100% it is not.
+    percent = f"{math.floor(coverage)}%"
+    if as_json:
+        for case in report.cases:
             click.echo(json.dumps(case.to_json()))
-            continue
+        click.echo(json.dumps({"summary": report.summary_json()}))
+    else:
+        _print_test_report(report, percent)
+    if report.unregistered:
+        where = (
+            f"not in the {origin}"
+            if records is not None
+            else f"not known (give --target and --token, --store, or keep DIRECTORY/{SNAPSHOT})"
+        )
+        click.echo(
+            f"capabilities {where}: {', '.join(report.unregistered)}; the cases naming them "
+            'call them as version "1", service "", side effect "write", without tags',
+            err=True,
+        )
+    if not report.cases:
+        click.echo("no test cases found" + (f" matching {pattern!r}" if pattern else ""), err=True)
+    if coverage < min_coverage:
+        click.echo(f"coverage {percent} is below {min_coverage:g}%", err=True)
+    if not report.ok or coverage < min_coverage:
+        raise SystemExit(1)
+
+
+def _print_test_report(report: TestReport, percent: str) -> None:
+    """A PASS/FAIL line per case (with why, for a failure), what no case
+    exercised, and the summary line."""
+    for case in report.cases:
         line = f"{'PASS' if case.passed else 'FAIL'}  {case.name}"
         if not case.passed:
             shown = {k: case.actual.get(k) for k in case.expected}
@@ -204,38 +260,26 @@ def policy_test(directory: Path, pattern: str | None, as_json: bool, min_coverag
                     f"\n      {d.fast_name:<10} {d.fast}"
                 )
         click.echo(line)
-    coverage = report.coverage * 100
-    # Rounded down: 99.6% never shows as the 100% it is not.
-    percent = f"{math.floor(coverage)}%"
-    if as_json:
-        click.echo(json.dumps({"summary": report.summary_json()}))
-    else:
-        if report.unexercised:
-            click.echo("rules no test exercised: " + ", ".join(report.unexercised))
-        if report.uncounted:
-            click.echo("limits no test exercised: " + ", ".join(report.uncounted))
-        unseen = report.conditions.unseen()
-        if unseen:
-            click.echo("condition outcomes no test produced:")
-            for outcome in unseen:
-                click.echo(f"  {outcome}")
-        summary = report.summary_json()
-        click.echo(
-            f"{summary['passed']} passed, {summary['failed']} failed; coverage "
-            f"{percent} (rules {summary['exercised']}/{summary['rules']}, "
-            + (
-                f"limits {summary['limits_exercised']}/{summary['limits']}, "
-                if summary["limits"]
-                else ""
-            )
-            + f"condition outcomes {summary['outcomes_seen']}/{summary['outcomes']})"
+    if report.unexercised:
+        click.echo("rules no test exercised: " + ", ".join(report.unexercised))
+    if report.uncounted:
+        click.echo("limits no test exercised: " + ", ".join(report.uncounted))
+    unseen = report.conditions.unseen()
+    if unseen:
+        click.echo("condition outcomes no test produced:")
+        for outcome in unseen:
+            click.echo(f"  {outcome}")
+    summary = report.summary_json()
+    click.echo(
+        f"{summary['passed']} passed, {summary['failed']} failed; coverage "
+        f"{percent} (rules {summary['exercised']}/{summary['rules']}, "
+        + (
+            f"limits {summary['limits_exercised']}/{summary['limits']}, "
+            if summary["limits"]
+            else ""
         )
-    if not report.cases:
-        click.echo("no test cases found" + (f" matching {pattern!r}" if pattern else ""), err=True)
-    if coverage < min_coverage:
-        click.echo(f"coverage {percent} is below {min_coverage:g}%", err=True)
-    if not report.ok or coverage < min_coverage:
-        raise SystemExit(1)
+        + f"condition outcomes {summary['outcomes_seen']}/{summary['outcomes']})"
+    )
 
 
 def _json_option(value: str | None, option: str, *, mapping: bool) -> Any:

@@ -9,10 +9,11 @@ serves it and the reason is logged.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Final, Literal
@@ -21,6 +22,7 @@ from warden_server.policy import celcpp
 from warden_server.policy.cel import CelPythonEvaluator, Evaluator
 from warden_server.policy.engine import PolicySet
 from warden_server.policy.loader import Problem
+from warden_server.policy.model import TestCapability
 from warden_server.policy.testing import (
     Disagreement,
     TestReport,
@@ -38,7 +40,7 @@ VERDICTS_KEPT: Final = 16
 """Verdicts on sets' test cases a process keeps (``serving``); the one used
 least recently is dropped first."""
 
-_Key = tuple[str, str, str, str, str, bool]
+_Key = tuple[str, str, str, str, str, str, bool]
 _Verdict = tuple[str | None, tuple[Problem, ...]]
 _verdicts: OrderedDict[_Key, _Verdict] = OrderedDict()
 _verdicts_lock = threading.Lock()
@@ -84,26 +86,35 @@ def prepare() -> None:
 
 
 def fallback_reason(
-    policies: PolicySet, directory: Path, now: datetime | None = None
+    policies: PolicySet,
+    directory: Path,
+    now: datetime | None = None,
+    capabilities: Mapping[str, TestCapability] | None = None,
 ) -> str | None:
     """Why ``policies`` must not be served by its (faster) evaluator, or None."""
-    return _compared(policies, directory, now)[0]
+    return _compared(policies, directory, now, capabilities)[0]
 
 
 def serving(
-    policies: PolicySet, directory: Path, *, require_passing_tests: bool = False
+    policies: PolicySet,
+    directory: Path,
+    *,
+    require_passing_tests: bool = False,
+    capabilities: Mapping[str, TestCapability] | None = None,
 ) -> tuple[PolicySet, list[Problem]]:
     """``policies`` as it is to be served: by its own evaluator when that
     agrees with the reference, else by the reference (saying why). With
     ``require_passing_tests``, also the folder's test cases the served set
-    fails, as problems.
+    fails, as problems. A case naming one of the registered ``capabilities``
+    by id calls it as registered (``testing.registered_capabilities``).
 
     The cases run once: each is decided by both evaluators, which is the
     comparison, and checked against its expectation, which is the gate. Only
     a set that falls back runs them again, on the reference.
 
     The verdict depends only on the folder, the set's files, its default
-    effect, the evaluator and the folder's test files, so a process keeps
+    effect, the evaluator, the folder's test files and the registered
+    capabilities, so a process keeps
     the last few (``VERDICTS_KEPT``) and serves the same set again (a plane
     started anew in one process, a change reverted) without running the
     cases again.
@@ -114,6 +125,7 @@ def serving(
         policies.default_effect,
         policies.evaluator.name,
         tests_digest(directory),
+        _digest(capabilities),
         require_passing_tests,
     )
     with _verdicts_lock:
@@ -121,7 +133,12 @@ def serving(
         if verdict is not None:
             _verdicts.move_to_end(key)
     if verdict is None:
-        verdict = _verdict(policies, directory, require_passing_tests=require_passing_tests)
+        verdict = _verdict(
+            policies,
+            directory,
+            require_passing_tests=require_passing_tests,
+            capabilities=capabilities,
+        )
         with _verdicts_lock:
             _verdicts[key] = verdict
             while len(_verdicts) > VERDICTS_KEPT:
@@ -138,22 +155,39 @@ def serving(
     return policies.reference(), list(failing)
 
 
-def _verdict(policies: PolicySet, directory: Path, *, require_passing_tests: bool) -> _Verdict:
+def _verdict(
+    policies: PolicySet,
+    directory: Path,
+    *,
+    require_passing_tests: bool,
+    capabilities: Mapping[str, TestCapability] | None,
+) -> _Verdict:
     """Why the set must fall back to the reference (None when it need not),
     and, when they gate it, the test cases the set as served fails."""
-    reason, report = _compared(policies, directory)
+    reason, report = _compared(policies, directory, capabilities=capabilities)
     if reason is not None:
         report = None  # the cases ran on the faster evaluator: run them on the reference
     if not require_passing_tests:
         return reason, ()
     if report is None:
         served = policies.reference() if reason is not None else policies
-        report = run_policy_tests(served, directory, conditions=False)
+        report = run_policy_tests(served, directory, conditions=False, capabilities=capabilities)
     return reason, tuple(failing_tests(report))
 
 
+def _digest(capabilities: Mapping[str, TestCapability] | None) -> str:
+    """What of the registered capabilities the test cases can see, in short."""
+    if capabilities is None:
+        return ""
+    facts = sorted(c.model_dump_json() for c in capabilities.values())
+    return hashlib.sha256("\n".join(facts).encode()).hexdigest()
+
+
 def _compared(
-    policies: PolicySet, directory: Path, now: datetime | None = None
+    policies: PolicySet,
+    directory: Path,
+    now: datetime | None = None,
+    capabilities: Mapping[str, TestCapability] | None = None,
 ) -> tuple[str | None, TestReport | None]:
     """Why ``policies`` must fall back to the reference (None when it need
     not), and the run of the folder's cases that compared the two evaluators
@@ -163,7 +197,9 @@ def _compared(
     reason = _unsupported(policies)
     if reason is not None:
         return reason, None
-    report = run_policy_tests(policies, directory, now=now, conditions=False)
+    report = run_policy_tests(
+        policies, directory, now=now, conditions=False, capabilities=capabilities
+    )
     return _first([case.disagreement for case in report.cases if case.disagreement]), report
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,7 +40,7 @@ from warden_server.policy.model import (
     TestCapability,
     parse_timestamp,
 )
-from warden_server.policy.variables import decision_variables
+from warden_server.policy.variables import CAPABILITY_FIELDS, decision_variables
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +103,9 @@ class TestReport:
     exercised: set[str] = field(default_factory=set)
     """The rules some case made match, and the limits some case made count a call."""
     conditions: ConditionCoverage = field(default_factory=ConditionCoverage)
+    unregistered: list[str] = field(default_factory=list)
+    """The capability ids cases name that are not among the registered
+    capabilities given: their cases call them with ``TestCapability``'s defaults."""
 
     @property
     def failed(self) -> list[CaseResult]:
@@ -152,6 +155,7 @@ class TestReport:
             "uncounted_limits": self.uncounted,
             "unseen_outcomes": self.conditions.unseen(),
             "problems": [p.to_json() for p in sorted(self.problems)],
+            "unregistered_capabilities": self.unregistered,
         }
 
 
@@ -186,11 +190,16 @@ def tests_digest(directory: Path) -> str:
 
 
 def load_test_cases(
-    directory: str | Path, policies: PolicySet | None = None
+    directory: str | Path,
+    policies: PolicySet | None = None,
+    capabilities: Mapping[str, TestCapability] | None = None,
 ) -> tuple[list[LoadedCase], list[Problem]]:
     """Every test case under ``directory/tests``, and every problem with them.
 
-    With ``policies``, a case that expects a rule the set does not have is a problem.
+    With ``policies``, a case that expects a rule the set does not have is a
+    problem. With ``capabilities`` (``registered_capabilities``), a case that
+    names a registered capability by its id calls it as registered: its
+    version, service, side effect and tags, as the plane would see them.
     """
     cases: list[LoadedCase] = []
     problems: list[Problem] = []
@@ -232,8 +241,37 @@ def load_test_cases(
                                 f"no limit has the id {limit_id!r}",
                             )
                         )
-            cases.append(LoadedCase(name, where, document.position(where), case))
+            registered = (
+                capabilities.get(case.capability)
+                if isinstance(case.capability, str) and capabilities is not None
+                else None
+            )
+            called = (
+                case if registered is None else case.model_copy(update={"capability": registered})
+            )
+            cases.append(LoadedCase(name, where, document.position(where), called))
     return cases, problems
+
+
+def registered_capabilities(records: Iterable[Mapping[str, Any]]) -> dict[str, TestCapability]:
+    """The newest version of each capability, as a test case naming it by id
+    calls it, from registry or snapshot records (``id``, ``version``,
+    ``service``, ``side_effect``, ``tags``) listed oldest first per id.
+
+    Raises:
+        ValueError: a record that is no capability (the message says which).
+    """
+    found: dict[str, TestCapability] = {}
+    for index, record in enumerate(records):
+        fields = {k: record[k] for k in CAPABILITY_FIELDS if k in record}
+        try:
+            capability = TestCapability.model_validate(fields)
+        except ValidationError as exc:
+            (first,) = exc.errors()[:1]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"capabilities[{index}]: {where}: {first['msg']}") from None
+        found[capability.id] = capability
+    return found
 
 
 def _valid_cases(
@@ -264,6 +302,7 @@ def run_policy_tests(
     pattern: re.Pattern[str] | None = None,
     now: datetime | None = None,
     conditions: bool = True,
+    capabilities: Mapping[str, TestCapability] | None = None,
 ) -> TestReport:
     """Run every test case under ``directory/tests`` against ``policies``.
 
@@ -274,9 +313,13 @@ def run_policy_tests(
         now: ``now`` for cases that give none (default: the run's start).
         conditions: Count condition outcomes too (which evaluates every
             ``&&``/``||`` operand of every rule a case evaluates).
+        capabilities: The registered capabilities (``registered_capabilities``):
+            a case naming one by id calls it as registered. Without them, or
+            for an id not among them, its fields take ``TestCapability``'s
+            defaults.
     """
     started = now or datetime.now(UTC)
-    loaded, problems = load_test_cases(directory, policies)
+    loaded, problems = load_test_cases(directory, policies, capabilities)
     report = TestReport(
         problems=problems,
         rules=[r.id for r in policies.rules],
@@ -284,21 +327,28 @@ def run_policy_tests(
     )
     if conditions:
         report.conditions = ConditionCoverage.of(policies)
+    unregistered = set()
     for item in loaded:
         if pattern and not pattern.search(item.case.name):
             continue
+        if isinstance(item.case.capability, str):  # not found among the registered
+            unregistered.add(item.case.capability)
         report.cases.append(_run_case(policies, item, started, report))
+    report.unregistered = sorted(unregistered)
     return report
 
 
 def disagreements(
-    policies: PolicySet, directory: str | Path, now: datetime | None = None
+    policies: PolicySet,
+    directory: str | Path,
+    now: datetime | None = None,
+    capabilities: Mapping[str, TestCapability] | None = None,
 ) -> list[Disagreement]:
     """Every case under ``directory/tests`` on which ``policies`` and its
     reference twin decide differently (none when it is the reference)."""
     if policies.reference() is policies:
         return []
-    cases, _ = load_test_cases(directory, policies)
+    cases, _ = load_test_cases(directory, policies, capabilities)
     started = now or datetime.now(UTC)
     found = []
     for item in cases:
