@@ -120,6 +120,20 @@ class Capability:
         schema was checked when it was registered (``check_definition``)."""
         return compile_validator(self.definition.input_schema)
 
+    @cached_property
+    def _number_typing(self) -> Callable[[Any], Any] | None:
+        # Imported here: the audit commands read capabilities without the checker.
+        from warden_server.policy.typecheck import number_typing
+
+        return number_typing(self.definition.input_schema)
+
+    def policy_input(self, value: Any) -> Any:
+        """The validated input as policies see it: every integer where the
+        input schema says ``number`` a double, as the checker typed it
+        (``typecheck.number_typing``); the input itself is unchanged."""
+        typing = self._number_typing
+        return value if typing is None else typing(value)
+
     @property
     def id(self) -> str:
         return self.definition.id

@@ -300,7 +300,9 @@ def _compile_now(
         compiled,
         source.directory,
         require_passing_tests=config.policies.require_passing_tests,
-        capabilities=registered_capabilities(c.to_cel() for c in versions),
+        capabilities=registered_capabilities(
+            {**c.to_cel(), "input_schema": c.definition.input_schema} for c in versions
+        ),
     )
     if failing:
         raise PolicyLoadError(failing, source.revision, source.names)

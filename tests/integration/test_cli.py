@@ -1155,14 +1155,7 @@ tests:
     assert "      matched  no rule\n" in result.stdout
 
 
-@pytest.mark.fixed_processes
-def test_a_failing_policy_test_says_which_rules_matched_and_why_others_failed(
-    tmp_path: Path,
-) -> None:
-    folder = tmp_path / "policies"
-    shutil.copytree(EXAMPLE_POLICIES, folder)
-    (folder / "tests" / "wrong.yaml").write_text(
-        """\
+REFUND_WITHOUT_AMOUNT = """\
 tests:
   - name: a refund without an amount
     capability: orders.refund
@@ -1170,7 +1163,17 @@ tests:
     input: {order_id: A1}
     expect: {effect: allow}
 """
-    )
+
+
+@pytest.mark.fixed_processes
+def test_a_failing_policy_test_says_which_rules_matched_and_why_others_failed(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "policies"
+    shutil.copytree(EXAMPLE_POLICIES, folder)
+    # Without the schemas, the input reaches the rules (with them, see below).
+    (folder / "capabilities.json").unlink()
+    (folder / "tests" / "wrong.yaml").write_text(REFUND_WITHOUT_AMOUNT)
     result = run("policy", "test", str(folder), "--run", "without an amount")
     assert result.exit_code == 1
     assert "      got      {'effect': 'error'}\n      matched  support-may-refund\n" in (
@@ -1188,6 +1191,54 @@ tests:
     assert {"rule": "no-refunds-above-10000", "error": "no such key: amount"} in case["errors"]
 
 
+NUMBER_RULES = """\
+rules:
+  - id: too-dear
+    capabilities: ["shop.buy"]
+    effect: deny
+    when: input.price * 1.2 > 1000.0 || input.lines.exists(l, l.weight / 2.0 > 100.0)
+  - id: buy
+    capabilities: ["shop.buy"]
+    effect: allow
+"""
+NUMBER_CASES = """\
+tests:
+  - name: a whole price
+    capability: shop.buy
+    input: {price: 100, lines: [{weight: 3}]}
+    expect: {effect: allow, rule: buy}
+  - name: a whole price too dear
+    capability: shop.buy
+    input: {price: 1000, lines: []}
+    expect: {effect: deny, rule: too-dear}
+  - name: a heavy line
+    capability: shop.buy
+    input: {price: 10.5, lines: [{weight: 300}]}
+    expect: {effect: deny, rule: too-dear}
+"""
+PRICED = {
+    "id": "shop.buy",
+    "version": "1",
+    "service": "shop",
+    "side_effect": "write",
+    "tags": [],
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "price": {"type": "number"},
+            "lines": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"weight": {"type": "number"}},
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "required": ["price", "lines"],
+        "additionalProperties": False,
+    },
+}
 SIDE_EFFECT_RULES = """\
 rules:
   - id: reads-are-free
@@ -1249,6 +1300,59 @@ def test_policy_test_refuses_a_snapshot_whose_capability_is_malformed(tmp_path: 
     result = run("policy", "test", str(EXAMPLE_POLICIES), "--capabilities", str(snapshot))
     assert result.exit_code == 1
     assert result.stderr.startswith(f"Error: snapshot {snapshot}: capabilities[0]: side_effect: ")
+
+
+@pytest.mark.fixed_processes
+def test_a_policy_test_whose_input_the_plane_refuses_fails_and_says_why(tmp_path: Path) -> None:
+    """The plane validates the input before any rule but the hide rules
+    (SI-2): a case whose input fails the capability's schema tests nothing
+    the plane would do, so it fails, naming the issue; a hidden capability's
+    case needs no valid input (the example's export case has none)."""
+    folder = tmp_path / "policies"
+    shutil.copytree(EXAMPLE_POLICIES, folder)
+    (folder / "tests" / "wrong.yaml").write_text(REFUND_WITHOUT_AMOUNT)
+    result = run("policy", "test", str(folder))
+    assert result.exit_code == 1
+    assert (
+        "FAIL  a refund without an amount\n"
+        f"      {folder / 'tests' / 'wrong.yaml'}:2\n"
+        "      expected {'effect': 'allow'}\n"
+        "      got      {'effect': 'invalid'}\n"
+        "      matched  no rule\n"
+        "      the plane refuses the input (INPUT_INVALID): /amount: is required\n"
+    ) in result.stdout
+    assert "14 passed, 1 failed" in result.stdout  # the export case, hidden, has no input
+    as_json = run("policy", "test", str(folder), "--run", "without an amount", "--json")
+    case = json.loads(as_json.stdout.splitlines()[0])
+    assert case["input_issues"] == ["/amount: is required"]
+
+
+@pytest.mark.fixed_processes
+def test_policy_test_types_whole_numbers_as_the_plane_does(tmp_path: Path) -> None:
+    """A `number` field is a double to the checker, which has rules compare it
+    with doubles; a whole value (YAML's 100, JSON's 100.0) must reach the rule
+    as a double too, or the rule fails to evaluate."""
+    folder = tmp_path / "policies"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "rules.yaml").write_text(NUMBER_RULES)
+    (folder / "tests" / "prices.yaml").write_text(NUMBER_CASES)
+    (folder / "capabilities.json").write_text(json.dumps({"capabilities": [PRICED]}))
+    result = run("policy", "test", str(folder))
+    assert result.exit_code == 0, result.output
+    assert "3 passed, 0 failed" in result.stdout
+    explained = run(
+        "policy",
+        "explain",
+        str(folder),
+        "--capability",
+        "shop.buy",
+        "--input",
+        '{"price": 1000.0, "lines": [{"weight": 3}]}',
+        "--actor-claims",
+        '{"sub": "alice"}',
+    )
+    assert explained.exit_code == 0, explained.output
+    assert "decision: deny, by too-dear" in explained.stdout
 
 
 @pytest.mark.fixed_processes

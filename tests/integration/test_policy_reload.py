@@ -384,8 +384,12 @@ def test_the_gate_calls_a_capability_named_by_id_as_registered(
     (folder / "tests" / "reads.yaml").write_text(READS_ONLY_TEST)
     write_atomically(folder / "rules.yaml", READS_ONLY)
     assert reloader.reload() == "loaded", holder.status().rejected
-    env = rt.invoke("orders.echo", {"n": 10}, actor=plant.token())
-    assert env.status == "succeeded"
+    try:
+        env = rt.invoke("orders.echo", {"n": 10}, actor=plant.token())
+        assert env.status == "succeeded"
+        assert rt.flush(timeout_ms=10_000) == 0
+    finally:
+        rt.close()
 
 
 def test_a_set_whose_tests_fail_loads_when_the_gate_is_off(tmp_path: Path) -> None:

@@ -3,8 +3,9 @@
 A capability's input schema, an input valid for it and a condition over its
 fields, the actor and literals are generated together. Whenever the checker
 accepts the condition, both cel-python and the C++ runtime evaluate it, on
-that input, to a bool or to an error that is not about types (division by
-zero, overflow): never to "no operator", "no such overload" or a non-bool.
+that input as the plane hands it to policies, to a bool or to an error that
+is not about types (division by zero, overflow): never to "no operator",
+"no such overload" or a non-bool.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from warden.shared.canonical import canonical_json
 from warden_server.policy import celcpp, typecheck
 from warden_server.policy.cel import CelPythonEvaluator, EvaluationError, error_in_words
 from warden_server.policy.inputs import InputSchema
@@ -42,7 +45,8 @@ FIELD_TYPES: dict[str, tuple[dict[str, Any], str, st.SearchStrategy[Any]]] = {
     "number": (
         {"type": "number"},
         "double",
-        st.floats(-1000, 1000, allow_nan=False).map(float),
+        # As JSON numbers arrive: whole ones too (100, or 100.0, read back as 100).
+        st.one_of(st.integers(-1000, 1000), st.floats(-1000, 1000, allow_nan=False)),
     ),
     "boolean": ({"type": "boolean"}, "bool", st.booleans()),
     "enum": ({"type": "string", "enum": ["a", "b"]}, "string", st.sampled_from(["a", "b"])),
@@ -103,7 +107,10 @@ def term(draw: st.DrawFn, terms: list[Term]) -> Term:
     if shape == 0:
         return Term(f"size({base.text})", "int")
     if shape == 1:
-        other = draw(st.sampled_from(terms + LITERALS + ACTOR))
+        pool = terms + LITERALS + ACTOR
+        # Mostly an operand of the same type, so that much arithmetic checks.
+        same = [t for t in pool if t.kind == base.kind]
+        other = draw(st.sampled_from(same if same and draw(st.integers(0, 9)) else pool))
         op = draw(st.sampled_from(ARITHMETIC))
         return Term(f"({base.text} {op} {other.text})", base.kind)
     return base
@@ -156,6 +163,11 @@ def test_no_expression_that_passes_the_checker_fails_with_a_type_error(
         event("refused by the checker")
         return
     event("accepted by the checker")
+    # As the plane hands a valid input to policies: read back from its
+    # canonical form, then typed as the checker typed it.
+    typing = typecheck.number_typing(schema)
+    value = orjson.loads(canonical_json(value))
+    value = typing(value) if typing is not None else value
     variables = {
         "actor": ACTOR_VALUE,
         "capability": {"id": "orders.refund", "version": "1", "service": "orders"},
@@ -171,6 +183,61 @@ def test_no_expression_that_passes_the_checker_fails_with_a_type_error(
             words = error_in_words(str(exc), text)
             assert not any(kind in words for kind in TYPE_ERRORS), (evaluator.name, text, words)
             continue
+        assert isinstance(result, bool), (evaluator.name, text, result)
+
+
+NUMBER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "number"},
+        "b": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]},
+        "c": {"type": "array", "items": {"type": "number"}},
+        "d": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+    },
+    "required": ["a", "b", "c", "d"],
+}
+JSON_NUMBERS = st.one_of(st.integers(-1000, 1000), st.floats(-1000, 1000, allow_nan=False))
+NUMBER_TERMS = ["input.a", "input.b.x", "2.5", "1.0", "input.c[0]", "input.d"]
+
+
+@st.composite
+def arithmetic(draw: st.DrawFn, depth: int = 0) -> str:
+    if depth > 2 or draw(st.booleans()):
+        return draw(st.sampled_from(NUMBER_TERMS))
+    op = draw(st.sampled_from(("+", "-", "*")))
+    return f"({draw(arithmetic(depth + 1))} {op} {draw(arithmetic(depth + 1))})"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {
+            "a": JSON_NUMBERS,
+            "b": st.fixed_dictionaries({"x": JSON_NUMBERS}),
+            "c": st.lists(JSON_NUMBERS, min_size=1, max_size=3),
+            "d": JSON_NUMBERS,
+        }
+    ),
+    arithmetic(),
+    st.sampled_from(COMPARISONS),
+    arithmetic(),
+)
+def test_numbers_the_checker_types_double_evaluate_as_doubles(
+    value: dict[str, Any], left: str, comparison: str, right: str
+) -> None:
+    """Every JSON number, whole ones included, of a field the schema says is a
+    ``number`` reaches a rule as the double the checker typed it: arithmetic
+    and comparisons with double literals evaluate on both evaluators."""
+    text = f"{left} {comparison} {right}"
+    schemas = [InputSchema("orders.refund", NUMBER_SCHEMA, "1")]
+    reference = EVALUATORS[0].compile(text)
+    assert CHECKER.check(text, "when", schemas, reference.references) == [], text
+    typing = typecheck.number_typing(NUMBER_SCHEMA)
+    assert typing is not None
+    served = typing(orjson.loads(canonical_json(value)))
+    for evaluator in EVALUATORS:
+        program = evaluator.compile(text)
+        result = program.evaluate(evaluator.activation({"input": served}))
         assert isinstance(result, bool), (evaluator.name, text, result)
 
 

@@ -299,6 +299,7 @@ def _variables(plane: Plane, approver: Actor, approval: ApprovalRecord) -> dict[
         else {"id": approval.requester_id, "roles": [], "tenant": approval.tenant, "attrs": {}}
     )
     capability = plane.registry.get(approval.capability_id, approval.capability_version)
+    stored = json.loads(approval.input)
     return approver_variables(
         approver=approver.to_cel(),
         requester=requester,
@@ -311,7 +312,7 @@ def _variables(plane: Plane, approver: Actor, approval: ApprovalRecord) -> dict[
             "side_effect": "",
             "tags": [],
         },
-        input=json.loads(approval.input),
+        input=capability.policy_input(stored) if capability else stored,
     )
 
 

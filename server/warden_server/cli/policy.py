@@ -14,7 +14,7 @@ import click
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from warden.shared.schema import InvalidSchemaError, compile_validator, validation_issues
+from warden.shared.schema import InvalidSchemaError
 from warden.shared.tls import sync_channel
 from warden.v1 import policy_pb2, policy_pb2_grpc
 from warden_server.auth.actors import AuthenticationError, actor_from_claims
@@ -35,6 +35,7 @@ from warden_server.policy.loader import PolicyLoadError, Problem, load_policies
 from warden_server.policy.model import json_schema, parse_timestamp
 from warden_server.policy.serving import evaluator_for
 from warden_server.policy.testing import (
+    Registered,
     TestReport,
     load_test_cases,
     registered_capabilities,
@@ -199,10 +200,7 @@ def policy_test(
         raise click.BadParameter(f"not a regular expression: {exc}", param_hint="--run") from None
     snapshot = _snapshot_beside(directory, snapshot, store, target)
     records, origin = _capability_records(snapshot, store, target, token)
-    try:
-        registered = registered_capabilities(records) if records is not None else None
-    except ValueError as exc:
-        raise click.ClickException(f"{origin}: {exc}") from None
+    registered = _newest(records, origin) if records is not None else None
     try:
         # Compiled for the fast evaluator, whose reference twin runs every case too.
         policies = load_policies(directory, evaluator=evaluator_for("cel-cpp"))
@@ -240,6 +238,15 @@ def policy_test(
         raise SystemExit(1)
 
 
+def _newest(records: list[dict[str, Any]], origin: str) -> dict[str, Registered]:
+    """The newest version of each capability in ``records``, as a policy test
+    or an explanation calls it."""
+    try:
+        return registered_capabilities(records)
+    except ValueError as exc:
+        raise click.ClickException(f"{origin}: {exc}") from None
+
+
 def _print_test_report(report: TestReport, percent: str) -> None:
     """A PASS/FAIL line per case (with why, for a failure), what no case
     exercised, and the summary line."""
@@ -253,6 +260,8 @@ def _print_test_report(report: TestReport, percent: str) -> None:
             line += f"\n      matched  {', '.join(case.matched) or 'no rule'}"
             for rule, error in case.errors:
                 line += f"\n      rule {rule!r} failed to evaluate: {error}"
+            for issue in case.input_issues:
+                line += f"\n      the plane refuses the input (INPUT_INVALID): {issue}"
             if case.disagreement is not None:
                 d = case.disagreement
                 line += (
@@ -369,18 +378,16 @@ def policy_explain(
     capability.update(side_effect="write", tags=[])
     issues: list[dict[str, str]] = []
     if records is not None:
-        # The newest version: snapshots list each id's versions oldest first.
-        record = next((r for r in reversed(records) if r.get("id") == capability_id), None)
-        if record is None:
+        registered = _newest(records, origin).get(capability_id)
+        if registered is None:
             raise click.ClickException(f"{capability_id}: no such capability in the {origin}")
-        for key in ("version", "service", "side_effect", "tags"):
-            if key in record:
-                capability[key] = record[key]
+        capability = registered.capability.model_dump()
         try:
-            validator = compile_validator(record["input_schema"])
+            issues = registered.issues(value)
         except InvalidSchemaError as exc:
             raise click.ClickException(f"{capability_id}: input schema: {exc}") from None
-        issues = [i.to_json() for i in validation_issues(validator, value)]
+        if not issues:
+            value = registered.served_input(value)
     explanation = explain(
         policies,
         capability=capability,

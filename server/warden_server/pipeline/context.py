@@ -51,7 +51,9 @@ class BeginContext:
     input: Any = None
     input_digest: str | None = None
     activation: Activation | None = None
-    """The policy variables, converted once per decision (input added at step 7)."""
+    """The policy variables without ``input``, converted once per decision."""
+    input_activation: Activation | None = None
+    """The same with the validated ``input``, for the rules and the limits."""
     visibility: Decision | None = None
     decision: Decision | None = None
     limits: LimitsOutcome | None = None
@@ -87,3 +89,13 @@ class BeginContext:
                 )
             )
         return self.activation
+
+    def with_input(self) -> Activation:
+        """The policy variables with the validated input, typed as the
+        checker typed it (``Capability.policy_input``), converted on first use."""
+        if self.input_activation is None:
+            assert self.capability is not None
+            self.input_activation = self.policies.activation(
+                {"input": self.capability.policy_input(self.input)}, self.base_activation()
+            )
+        return self.input_activation

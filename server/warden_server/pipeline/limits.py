@@ -27,7 +27,7 @@ def limits(plane: Plane, ctx: BeginContext) -> Failure | None:
     assert ctx.capability is not None
     if not ctx.policies.limits:
         return None
-    activation = ctx.policies.activation({"input": ctx.input}, ctx.base_activation())
+    activation = ctx.with_input()
     counted = _stored_keys(plane, ctx, ctx.policies.count(ctx.capability.id, activation))
     ctx.limits = counted
     broken = [

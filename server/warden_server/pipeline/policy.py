@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 def policy(plane: Plane, ctx: BeginContext) -> Failure | None:
     assert ctx.capability is not None
-    activation = ctx.policies.activation({"input": ctx.input}, ctx.base_activation())
+    activation = ctx.with_input()
     decision = ctx.policies.decide(ctx.capability.id, activation)
     ctx.decision = decision
     if decision.effect == "error":

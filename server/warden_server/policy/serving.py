@@ -22,9 +22,9 @@ from warden_server.policy import celcpp
 from warden_server.policy.cel import CelPythonEvaluator, Evaluator
 from warden_server.policy.engine import PolicySet
 from warden_server.policy.loader import Problem
-from warden_server.policy.model import TestCapability
 from warden_server.policy.testing import (
     Disagreement,
+    Registered,
     TestReport,
     failing_tests,
     run_policy_tests,
@@ -89,7 +89,7 @@ def fallback_reason(
     policies: PolicySet,
     directory: Path,
     now: datetime | None = None,
-    capabilities: Mapping[str, TestCapability] | None = None,
+    capabilities: Mapping[str, Registered] | None = None,
 ) -> str | None:
     """Why ``policies`` must not be served by its (faster) evaluator, or None."""
     return _compared(policies, directory, now, capabilities)[0]
@@ -100,7 +100,7 @@ def serving(
     directory: Path,
     *,
     require_passing_tests: bool = False,
-    capabilities: Mapping[str, TestCapability] | None = None,
+    capabilities: Mapping[str, Registered] | None = None,
 ) -> tuple[PolicySet, list[Problem]]:
     """``policies`` as it is to be served: by its own evaluator when that
     agrees with the reference, else by the reference (saying why). With
@@ -160,7 +160,7 @@ def _verdict(
     directory: Path,
     *,
     require_passing_tests: bool,
-    capabilities: Mapping[str, TestCapability] | None,
+    capabilities: Mapping[str, Registered] | None,
 ) -> _Verdict:
     """Why the set must fall back to the reference (None when it need not),
     and, when they gate it, the test cases the set as served fails."""
@@ -175,19 +175,19 @@ def _verdict(
     return reason, tuple(failing_tests(report))
 
 
-def _digest(capabilities: Mapping[str, TestCapability] | None) -> str:
+def _digest(capabilities: Mapping[str, Registered] | None) -> str:
     """What of the registered capabilities the test cases can see, in short."""
     if capabilities is None:
         return ""
-    facts = sorted(c.model_dump_json() for c in capabilities.values())
-    return hashlib.sha256("\n".join(facts).encode()).hexdigest()
+    digests = sorted(c.digest() for c in capabilities.values())
+    return hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
 
 def _compared(
     policies: PolicySet,
     directory: Path,
     now: datetime | None = None,
-    capabilities: Mapping[str, TestCapability] | None = None,
+    capabilities: Mapping[str, Registered] | None = None,
 ) -> tuple[str | None, TestReport | None]:
     """Why ``policies`` must fall back to the reference (None when it need
     not), and the run of the folder's cases that compared the two evaluators

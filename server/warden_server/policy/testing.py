@@ -18,16 +18,27 @@ it matched or failed — not on the wording of error messages.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
+from warden.shared.canonical import NotCanonicalizable, canonical_json
+from warden.shared.schema import (
+    InvalidSchemaError,
+    SchemaValidator,
+    compile_validator,
+    validation_issues,
+)
 from warden_server.limits import epoch, judge, prior_usage, strongest
 from warden_server.policy import yamlpos
 from warden_server.policy.cel import Activation
@@ -40,6 +51,7 @@ from warden_server.policy.model import (
     TestCapability,
     parse_timestamp,
 )
+from warden_server.policy.typecheck import number_typing
 from warden_server.policy.variables import CAPABILITY_FIELDS, decision_variables
 
 
@@ -56,6 +68,8 @@ class CaseResult:
     """The rules whose conditions held, in load order."""
     errors: tuple[tuple[str, str], ...] = ()
     """(rule id, why it failed to evaluate), in words."""
+    input_issues: tuple[str, ...] = ()
+    """Why the plane refuses the case's input (INPUT_INVALID) before the rules."""
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -66,6 +80,7 @@ class CaseResult:
             "actual": self.actual,
             "matched": list(self.matched),
             "errors": [{"rule": rule, "error": error} for rule, error in self.errors],
+            "input_issues": list(self.input_issues),
         }
         if self.disagreement is not None:
             data["disagreement"] = self.disagreement.to_json()
@@ -166,6 +181,8 @@ class LoadedCase:
     """Where the case stands in its file, e.g. ("tests", 3)."""
     position: yamlpos.Position
     case: PolicyTest
+    input_issues: tuple[str, ...] = ()
+    """Why the plane would refuse the case's input, once past the hide rules."""
 
 
 def test_files(directory: Path) -> list[Path]:
@@ -192,14 +209,16 @@ def tests_digest(directory: Path) -> str:
 def load_test_cases(
     directory: str | Path,
     policies: PolicySet | None = None,
-    capabilities: Mapping[str, TestCapability] | None = None,
+    capabilities: Mapping[str, Registered] | None = None,
 ) -> tuple[list[LoadedCase], list[Problem]]:
     """Every test case under ``directory/tests``, and every problem with them.
 
     With ``policies``, a case that expects a rule the set does not have is a
-    problem. With ``capabilities`` (``registered_capabilities``), a case that
-    names a registered capability by its id calls it as registered: its
-    version, service, side effect and tags, as the plane would see them.
+    problem. With ``capabilities`` (``registered_capabilities``), a case
+    calls a registered capability as the plane would: named by id, with its
+    version, service, side effect and tags; with its input checked against
+    the input schema (an input the plane would refuse is a problem) and
+    typed as the plane types it.
     """
     cases: list[LoadedCase] = []
     problems: list[Problem] = []
@@ -241,37 +260,97 @@ def load_test_cases(
                                 f"no limit has the id {limit_id!r}",
                             )
                         )
-            registered = (
-                capabilities.get(case.capability)
-                if isinstance(case.capability, str) and capabilities is not None
-                else None
-            )
-            called = (
-                case if registered is None else case.model_copy(update={"capability": registered})
-            )
-            cases.append(LoadedCase(name, where, document.position(where), called))
+            called, issues = _as_registered(case, capabilities)
+            cases.append(LoadedCase(name, where, document.position(where), called, issues))
     return cases, problems
 
 
-def registered_capabilities(records: Iterable[Mapping[str, Any]]) -> dict[str, TestCapability]:
-    """The newest version of each capability, as a test case naming it by id
-    calls it, from registry or snapshot records (``id``, ``version``,
-    ``service``, ``side_effect``, ``tags``) listed oldest first per id.
+@dataclass(frozen=True)
+class Registered:
+    """A registered capability (its newest version) as test cases call it."""
+
+    capability: TestCapability
+    """Its fields, for a case that names it by id."""
+    input_schema: Mapping[str, Any]
+    """What a case's input must pass, and what types it (``served_input``)."""
+
+    @functools.cached_property
+    def _validator(self) -> SchemaValidator:
+        return compile_validator(self.input_schema)
+
+    @functools.cached_property
+    def _typing(self) -> Callable[[Any], Any] | None:
+        return number_typing(self.input_schema)
+
+    def issues(self, value: Any) -> list[dict[str, str]]:
+        """Why the plane would refuse ``value`` as this capability's input
+        (INPUT_INVALID), each as ``{"path", "message"}``; empty when it would not.
+
+        Raises:
+            InvalidSchemaError: the input schema itself is invalid.
+        """
+        return [issue.to_json() for issue in validation_issues(self._validator, value)]
+
+    def served_input(self, value: Any) -> Any:
+        """A valid ``value`` as the plane hands it to policies: read back from
+        its canonical JSON (``1.0`` is ``1``), every integer where the schema
+        says ``number`` a double (``typecheck.number_typing``)."""
+        with contextlib.suppress(NotCanonicalizable):  # not stored, so not typed either
+            value = orjson.loads(canonical_json(value))
+        return value if self._typing is None else self._typing(value)
+
+    def digest(self) -> str:
+        """What of it a case can see, in short (``serving``'s verdicts)."""
+        text = self.capability.model_dump_json() + json.dumps(self.input_schema, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def registered_capabilities(records: Iterable[Mapping[str, Any]]) -> dict[str, Registered]:
+    """The newest version of each capability, as test cases call it, from
+    registry or snapshot records (``id``, ``version``, ``service``,
+    ``side_effect``, ``tags``, ``input_schema``) listed oldest first per id.
 
     Raises:
         ValueError: a record that is no capability (the message says which).
     """
-    found: dict[str, TestCapability] = {}
+    found: dict[str, Registered] = {}
     for index, record in enumerate(records):
         fields = {k: record[k] for k in CAPABILITY_FIELDS if k in record}
+        schema = record.get("input_schema")
         try:
             capability = TestCapability.model_validate(fields)
         except ValidationError as exc:
             (first,) = exc.errors()[:1]
             where = ".".join(str(part) for part in first["loc"])
             raise ValueError(f"capabilities[{index}]: {where}: {first['msg']}") from None
-        found[capability.id] = capability
+        if not isinstance(schema, Mapping):
+            raise ValueError(f"capabilities[{index}]: input_schema: must be an object")
+        found[capability.id] = Registered(capability, schema)
     return found
+
+
+def _as_registered(
+    case: PolicyTest, capabilities: Mapping[str, Registered] | None
+) -> tuple[PolicyTest, tuple[str, ...]]:
+    """``case`` calling its capability as registered, if it is: named by id,
+    it takes the registered fields; a valid input is typed as the plane types
+    it. Also why the plane would refuse the input (INPUT_INVALID), if it would."""
+    named = case.capability if isinstance(case.capability, str) else case.capability.id
+    registered = capabilities.get(named) if capabilities is not None else None
+    if registered is None:
+        return case, ()
+    update: dict[str, Any] = {}
+    if isinstance(case.capability, str):
+        update["capability"] = registered.capability
+    try:
+        found = registered.issues(case.input)
+    except InvalidSchemaError as exc:
+        return case.model_copy(update=update), (f"its input schema cannot be used: {exc}",)
+    if found:
+        issues = tuple(f"{i['path'] or '(the input)'}: {i['message']}" for i in found)
+        return case.model_copy(update=update), issues
+    update["input"] = registered.served_input(case.input)
+    return case.model_copy(update=update), ()
 
 
 def _valid_cases(
@@ -302,7 +381,7 @@ def run_policy_tests(
     pattern: re.Pattern[str] | None = None,
     now: datetime | None = None,
     conditions: bool = True,
-    capabilities: Mapping[str, TestCapability] | None = None,
+    capabilities: Mapping[str, Registered] | None = None,
 ) -> TestReport:
     """Run every test case under ``directory/tests`` against ``policies``.
 
@@ -342,7 +421,7 @@ def disagreements(
     policies: PolicySet,
     directory: str | Path,
     now: datetime | None = None,
-    capabilities: Mapping[str, TestCapability] | None = None,
+    capabilities: Mapping[str, Registered] | None = None,
 ) -> list[Disagreement]:
     """Every case under ``directory/tests`` on which ``policies`` and its
     reference twin decide differently (none when it is the reference)."""
@@ -444,6 +523,10 @@ def _run_case(
     policies: PolicySet, item: LoadedCase, now: datetime, report: TestReport
 ) -> CaseResult:
     capability_id, without_input, with_input = case_activations(policies, item.case, now)
+    if item.input_issues:
+        hidden = policies.visibility(capability_id, without_input)
+        if hidden.effect != "hide":
+            return _refused_input(policies, item, hidden, without_input, report)
     hidden, decision = decide_case(policies, capability_id, without_input, with_input)
     disagreement = _compare(policies, item, now, (hidden, decision))
     final = decision or hidden
@@ -490,6 +573,30 @@ def _run_case(
     )
 
 
+def _refused_input(
+    policies: PolicySet,
+    item: LoadedCase,
+    hidden: Decision,
+    without_input: Activation,
+    report: TestReport,
+) -> CaseResult:
+    """A case whose input the plane refuses once the hide rules let the call
+    through: no other rule runs (SI-2), and the case fails, saying why."""
+    report.exercised.update(r.rule_id for r in hidden.results if r.matched and not r.error)
+    for r in hidden.results:
+        report.conditions.record(r, without_input)
+    return CaseResult(
+        file=f"{item.file}:{item.position.line}",
+        name=item.case.name,
+        passed=False,
+        expected=item.case.expect.model_dump(exclude_none=True),
+        actual={"effect": "invalid", "rule": None, "message": None, "would_have": "invalid"},
+        matched=tuple(r.rule_id for r in hidden.results if r.matched),
+        errors=tuple((r.rule_id, r.error) for r in hidden.results if r.error),
+        input_issues=item.input_issues,
+    )
+
+
 def _limited_by(calls: Sequence[LimitCall], usage: Mapping[str, float], now: float) -> str | None:
     """The limit that refuses a call, given the prior usage of its key."""
     refusals = []
@@ -511,7 +618,10 @@ def failing_tests(report: TestReport) -> list[Problem]:
         shown = {k: case.actual.get(k) for k in case.expected}
         if "limit" in case.actual:  # a refusal the case did not expect
             shown["limit"] = case.actual["limit"]
-        why = "; ".join(f"rule {rule!r}: {error}" for rule, error in case.errors)
+        why = "; ".join(
+            [f"rule {rule!r}: {error}" for rule, error in case.errors]
+            + [f"the plane refuses its input (INPUT_INVALID): {i}" for i in case.input_issues]
+        )
         problems.append(
             Problem(
                 file,

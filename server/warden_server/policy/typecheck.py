@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -402,6 +402,72 @@ def rules_broken_by(policies: PolicySet, schemas: Sequence[InputSchema]) -> list
                         f"{rule.file}:{rule.line}: rule {rule.id!r}: {kind}: {problem.message}"
                     )
     return broken
+
+
+# --- Numbers as the checker types them ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Doubles:
+    """Where an input's numbers are doubles: this value (``fields`` None, no
+    ``each``), the named fields of an object, or each item or map value."""
+
+    fields: Mapping[str, _Doubles] | None = None
+    each: _Doubles | None = None
+
+    def apply(self, value: Any) -> Any:
+        if self.fields is None and self.each is None:
+            return float(value) if type(value) is int else value
+        if self.fields is not None:
+            if not isinstance(value, dict):
+                return value
+            fields = self.fields
+            return {k: fields[k].apply(v) if k in fields else v for k, v in value.items()}
+        each = self.each
+        assert each is not None
+        if isinstance(value, list):
+            return [each.apply(v) for v in value]
+        if isinstance(value, dict):
+            return {k: each.apply(v) for k, v in value.items()}
+        return value
+
+
+_DOUBLE: Final = _Doubles()
+
+
+def number_typing(schema: Mapping[str, Any]) -> Callable[[Any], Any] | None:
+    """How an input gets the types the checker gave it: every integer where
+    ``schema`` says ``number`` made a double; None when it says so nowhere
+    the checker types (the input is typed as it is).
+
+    JSON has one number type: ``100.0`` arrives as ``100`` (and reads back so
+    from its canonical form), while the checker types a ``number`` field
+    ``double`` and has rules compare it with doubles (``input.price * 1.2``),
+    which an int would fail to evaluate. Where the checker proves no type
+    (``dyn``: a union, a free-form object, a list of lists) nothing changes.
+    """
+    builder = _Builder(schema, PACKAGE)
+    root = builder.shape(schema, 0)
+    doubles = _doubles(builder, root, 0) if isinstance(root, _Object) else None
+    return doubles.apply if doubles is not None else None
+
+
+def _doubles(builder: _Builder, shape: _Shape, depth: int) -> _Doubles | None:
+    """Where ``shape`` (a field's, at ``depth``) holds doubles, as ``_Builder.fill`` types it."""
+    if isinstance(shape, _Scalar):
+        return _DOUBLE if shape.kind == "number" else None
+    if isinstance(shape, _Object):
+        fields = {}
+        for name, schema in shape.properties:
+            child = _doubles(builder, builder.shape(schema, depth + 1), depth + 1)
+            if child is not None:
+                fields[name] = child
+        return _Doubles(fields=fields) if fields else None
+    inner = shape.items if isinstance(shape, _List) else getattr(shape, "values", None)
+    if isinstance(inner, _Scalar | _Object):  # a list or map of them; others are dyn
+        each = _doubles(builder, inner, depth)
+        return _Doubles(each=each) if each is not None else None
+    return None
 
 
 # --- JSON Schema to protobuf -------------------------------------------------
