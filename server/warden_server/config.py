@@ -112,6 +112,13 @@ class ServerSection(_Section):
     """Open approval watch streams at most. Each holds a thread of its own
     for as long as it is open (not one of the ``workers``)."""
 
+    @field_validator("approval_ttl")
+    @classmethod
+    def _ttl_is_duration(cls, value: str) -> str:
+        if parse_duration(value) <= 0:
+            raise ValueError(f"{value!r}: an approval request open for no time expires at once")
+        return value
+
     @model_validator(mode="after")
     def _store_is_supported(self) -> ServerSection:
         # Any other "scheme:..." would be taken as a relative path: a

@@ -343,3 +343,24 @@ def test_metrics_listen_off_in_the_file_serves_none_as_the_flag_does(
     text = VALID_TOML + f'\n[telemetry]\nmetrics_listen = "{value}"\n'
     config = load_config(write_config(tmp_path, text), environ={})
     assert config.telemetry.metrics_listen is None
+
+
+@pytest.mark.parametrize(
+    ("ttl", "message"),
+    [
+        ("1 hour", "'1 hour' is not a duration like 90s, 30m, 1h or 7d"),
+        ("0m", "'0m': an approval request open for no time expires at once"),
+        ("40000d", "'40000d' is longer than the longest duration, 36500d"),
+    ],
+)
+def test_an_approval_ttl_that_is_no_duration_is_refused_at_its_line(
+    tmp_path: Path, ttl: str, message: str
+) -> None:
+    """Read only when a rule first asks for approval, it failed that call
+    (and every one after) instead of the plane's start."""
+    path = write_config(
+        tmp_path, f'[actors]\nhs256_secret = "{SECRET}"\n[server]\napproval_ttl = "{ttl}"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    assert f"  {path}:4: server.approval_ttl: {message}" in str(caught.value)

@@ -291,6 +291,9 @@ def test_approvers_and_ttl_only_on_require_approval(tmp_path: Path) -> None:
             "'0s': an approval request open for no time expires at once;"
             " give a duration above zero, like 1h",
         ),
+        # Past the calendar's end: the plane could not compute when it expires.
+        ("99999999999d", "'99999999999d' is longer than the longest duration, 36500d"),
+        ("1" * 40 + "s", f"'{'1' * 40}s' is not a duration like 90s, 30m, 1h or 7d"),
     ],
 )
 def test_bad_ttl(tmp_path: Path, ttl: str, message: str) -> None:

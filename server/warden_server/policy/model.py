@@ -13,7 +13,7 @@ import re
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -23,7 +23,7 @@ Effect = Literal["allow", "deny", "require_approval", "hide"]
 EFFECT_PRECEDENCE: tuple[Effect, ...] = ("hide", "deny", "require_approval", "allow")
 """Strongest first: hide beats deny beats require_approval beats allow."""
 
-_DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
+_DURATION = re.compile(r"^(\d{1,15})(s|m|h|d)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 RULE_ID = r"^[a-z0-9][a-z0-9_.-]*$"
 GLOB = r"^[a-z0-9_*?]+(\.[a-z0-9_*?]+)*$"
@@ -40,11 +40,20 @@ _PER_UNITS |= {"h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 
 
 def parse_duration(text: str) -> int:
-    """Seconds in a duration such as ``90s``, ``30m``, ``1h`` or ``7d``."""
+    """Seconds in a duration such as ``90s``, ``30m``, ``1h`` or ``7d``, at
+    most ``MAX_DURATION_DAYS``."""
     match = _DURATION.match(text.strip())
     if not match:
         raise ValueError(f"{text!r} is not a duration like 90s, 30m, 1h or 7d")
-    return int(match.group(1)) * _UNITS[match.group(2)]
+    seconds = int(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_DURATION_DAYS * 86_400:
+        raise ValueError(f"{text!r} is longer than the longest duration, {MAX_DURATION_DAYS}d")
+    return seconds
+
+
+MAX_DURATION_DAYS: Final = 36_500
+"""A hundred years: a longer duration (a ttl, a retention, a window) is a
+mistake, and one past the calendar's end cannot be added to a time at all."""
 
 
 def parse_per(text: str, *, whole: bool) -> tuple[float, int]:
