@@ -207,6 +207,32 @@ def test_cel_syntax_error_in_a_block_scalar_points_at_the_token(tmp_path: Path) 
     assert char_at(folder / "a.yaml", line, column) == "+"
 
 
+@pytest.mark.parametrize(
+    ("when", "line"),
+    [
+        # A folded block, its lines joined by spaces: the name is on the second.
+        (">-\n      true &&\n      actr.id == 'a'\n", 7),
+        (">\n      true && true\n      && actr.id == 'a'\n", 7),
+        # A plain scalar over two lines folds the same way.
+        ("true &&\n      actr.id == 'a'\n", 6),
+    ],
+    ids=["folded", "folded-clip", "plain"],
+)
+def test_a_problem_in_a_folded_expression_points_at_its_token(
+    tmp_path: Path, when: str, line: int
+) -> None:
+    folder = write(
+        tmp_path / "p",
+        a_yaml=(
+            f'rules:\n  - id: r\n    capabilities: ["orders.x"]\n    effect: deny\n    when: {when}'
+        ),
+    )
+    [problem] = problems_of(folder)
+    assert "rules[0].when: unknown variable 'actr'" in problem
+    assert position(problem)[0] == line
+    assert char_at(folder / "a.yaml", *position(problem)) == "actr.id == 'a'"
+
+
 def test_unknown_variable_is_named_with_the_available_ones(tmp_path: Path) -> None:
     folder = write(
         tmp_path / "p",

@@ -55,17 +55,23 @@ class Document:
 
     def position_in(self, path: Path, line: int, column: int) -> Position:
         """The file position of (``line``, ``column``), 1-based, inside the
-        scalar at ``path`` — exact for one-line scalars and literal blocks,
-        the scalar's start where folding makes it ambiguous."""
+        scalar at ``path``: exact for one-line scalars, literal blocks, and
+        folded blocks and plain scalars whose lines fold into one; the
+        scalar's start where folding makes it ambiguous (blank or
+        more-indented lines, quoted scalars over several lines)."""
         scalar = self.scalars.get(path)
         if scalar is None:
             return self.position(path)
         start = _position(scalar.start_mark)
         if scalar.style == "|":
             return Position(start.line + line, _block_indent(self.lines, start.line) + column - 1)
-        if scalar.style != ">" and line == 1 and scalar.end_mark.line == scalar.start_mark.line:
+        if scalar.end_mark.line == scalar.start_mark.line and scalar.style != ">":
             quote = 1 if scalar.style in ("'", '"') else 0
             return Position(start.line, start.column + quote + column - 1)
+        if line == 1 and scalar.style in (">", "", None):  # "" or None: plain
+            places = _folded_places(self.lines, scalar)
+            if places is not None and 0 < column <= len(places):
+                return places[column - 1]
         return start
 
 
@@ -164,6 +170,39 @@ def _convert(node: yaml.Node, path: Path, document: Document, loader: yaml.SafeL
     assert isinstance(node, yaml.ScalarNode)
     document.scalars[path] = node
     return _scalar(node, loader)
+
+
+def _folded_places(lines: list[str], scalar: yaml.ScalarNode) -> list[Position] | None:
+    """The position of each character of a scalar whose lines fold into one
+    line (a ``>`` block, or a plain scalar over several lines: each line's
+    text, joined by single spaces), or None when its value is not that."""
+    first, last = scalar.start_mark.line, scalar.end_mark.line
+    if scalar.style == ">":
+        first += 1  # the line of the indicator holds no content
+        if scalar.end_mark.column == 0:
+            last -= 1  # the block ends at the start of the next line
+    rows = []
+    for index in range(first, min(last, len(lines) - 1) + 1):
+        text = lines[index]
+        begin = scalar.start_mark.column if index == scalar.start_mark.line else 0
+        end = scalar.end_mark.column if index == scalar.end_mark.line else len(text)
+        content = text[begin:end]
+        stripped = content.lstrip(" ")
+        begin += len(content) - len(stripped)
+        rows.append((index, begin, stripped.rstrip(" ")))
+    places: list[Position] = []
+    joined: list[str] = []
+    for index, begin, text in rows:
+        if not text:
+            return None  # a blank line folds into a line break
+        if joined:
+            joined.append(" ")
+            places.append(places[-1])
+        joined.append(text)
+        places.extend(Position(index + 1, begin + 1 + i) for i in range(len(text)))
+    if "".join(joined) != scalar.value.rstrip("\n"):
+        return None  # more-indented lines, or a comment: folded otherwise
+    return places
 
 
 def _block_indent(lines: list[str], first: int) -> int:
