@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -31,7 +31,7 @@ from warden._errors import CapabilityError, WardenError
 from warden._handlers import HandlerThreads
 from warden._outbox import IdempotencyScope, Outbox
 from warden._transport import Transport
-from warden.shared.canonical import compact_json
+from warden.shared.canonical import canonical_json, compact_json, strict_loads
 from warden.shared.redaction import scrub_json, scrub_text, unechoed, value_texts
 from warden.shared.schema import validation_issues
 from warden.v1 import errors_pb2, governor_pb2
@@ -314,9 +314,9 @@ class AttemptRunner:
             return self._report(granted, error, executed=ran.is_set())
         except CapabilityError as raised:
             declared = spec.errors.get(raised.code)
-            if declared is not None and raised.expose_to_model and _is_json(raised.details):
+            if declared is not None and raised.expose_to_model and _recordable(raised.details):
                 return self._report(granted, raised)
-            # Undeclared, or details no JSON can carry (NaN, a datetime): concealed.
+            # Undeclared, or details the audit log cannot hold: concealed.
             error = CapabilityError("INTERNAL_ERROR", cause=raised)
             return self._report(granted, error, executed=True)
         except Exception as exc:
@@ -509,14 +509,26 @@ def _checked_output(spec: CapabilitySpec, result: Any, granted: _Granted) -> tup
         ) from None
 
 
-def _is_json(details: Any) -> bool:
-    """Whether a declared error's details are JSON as every reader takes it:
-    no NaN or infinity, nothing but JSON's own kinds."""
+def _recordable(details: Any) -> bool:
+    """Whether the plane records a declared error's details as they are: a
+    JSON object as every reader takes it (no NaN or infinity, nothing but
+    JSON's own kinds, integers within ±2^53, valid Unicode, nested at most
+    64 deep) of at most ``MAX_DETAILS_BYTES``. A model must not be shown
+    what the audit log cannot hold: the plane would refuse the report."""
+    if details is None:
+        return True
     try:
-        json.dumps(details, allow_nan=False)
-    except (TypeError, ValueError):
+        text = json.dumps(details, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        strict_loads(text)
+        canonical_json(details)
+    except (TypeError, ValueError, RecursionError):
         return False
-    return True
+    return isinstance(details, dict) and len(text.encode()) <= MAX_DETAILS_BYTES
+
+
+MAX_DETAILS_BYTES: Final = 64 * 1024
+"""The largest declared error details a plane records by default
+(``[limits] max_context_bytes``)."""
 
 
 _VALIDATOR_PREFIXES = ("Value error, ", "Assertion failed, ")

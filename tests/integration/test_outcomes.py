@@ -204,18 +204,35 @@ def test_declared_error_is_exposed_with_its_message_and_details(
     assert not env.executed_before_failure
 
 
+def nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"x": value}
+    return value
+
+
 @pytest.mark.parametrize(
     "details",
-    [{"ratio": float("nan")}, {"at": datetime(2026, 1, 2, tzinfo=UTC)}, {"big": float("inf")}],
-    ids=["nan", "datetime", "infinity"],
+    [
+        {"ratio": float("nan")},
+        {"at": datetime(2026, 1, 2, tzinfo=UTC)},
+        {"big": float("inf")},
+        {"text": "x" * (64 * 1024)},  # its JSON is larger than the plane records
+        {"id": 2**53 + 1},
+        {"text": "\ud800"},
+        nested(65),
+    ],
+    ids=["nan", "datetime", "infinity", "too-large", "unsafe-integer", "surrogate", "too-deep"],
 )
 def test_a_declared_error_whose_details_are_not_json_is_concealed(
     lab_plant: Plant, details: dict[str, Any]
 ) -> None:
     """Details are for a model and an audit record to read as JSON: ones no
-    reader takes are the handler breaking its contract, concealed like any
-    other internal failure (the SDKs wrote NaN into the model's text, or
-    raised TypeError out of the function-calling adapter)."""
+    reader takes, or the plane would not record, are the handler breaking its
+    contract, concealed like any other internal failure (the SDKs wrote NaN
+    into the model's text, or raised TypeError out of the function-calling
+    adapter; details over 64 KiB were shown while the plane refused the
+    report, so the audit log never had the outcome)."""
     rt = warden.Runtime(lab_plant.target, service="orders", token=ORDERS_TOKEN)
 
     @rt.capability(
@@ -230,12 +247,41 @@ def test_a_declared_error_whose_details_are_not_json_is_concealed(
 
     try:
         env = rt.invoke("orders.odd", {"n": 1}, actor=lab_plant.token())
+        assert rt.flush(timeout_ms=10_000) == 0
     finally:
         rt.close()
     assert env.error is not None
     assert env.error.to_model() == {"code": "INTERNAL_ERROR", "message": "The operation failed."}
     assert env.executed_before_failure
     assert isinstance(env.error.cause, warden.CapabilityError) and env.error.cause.code == "ODD"
+    (outcome,) = lab_plant.events(kind="outcome", invocation_id=env.invocation_id)
+    assert (outcome["status"], outcome["code"]) == ("failed", "INTERNAL_ERROR")
+
+
+def test_declared_details_as_large_as_the_plane_records_are_shown_and_recorded(
+    lab_plant: Plant,
+) -> None:
+    rt = warden.Runtime(lab_plant.target, service="orders", token=ORDERS_TOKEN)
+    details = {"text": "x" * (64 * 1024 - len('{"text":""}'))}
+
+    @rt.capability(
+        "orders.odd",
+        input=EchoOut,
+        output=EchoOut,
+        side_effect="read",
+        errors={"ODD": "Odd numbers are refused."},
+    )
+    def odd(inp: EchoOut, ctx: warden.Context) -> EchoOut:
+        raise ctx.errors.ODD(details=details)
+
+    try:
+        env = rt.invoke("orders.odd", {"n": 1}, actor=lab_plant.token())
+        assert rt.flush(timeout_ms=10_000) == 0
+    finally:
+        rt.close()
+    assert env.error is not None and env.error.to_model()["details"] == details
+    (outcome,) = lab_plant.events(kind="outcome", invocation_id=env.invocation_id)
+    assert (outcome["status"], outcome["code"]) == ("failed", "ODD")
 
 
 def test_output_invalid_withholds_output_and_reports_execution(

@@ -9,7 +9,7 @@
  */
 
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import { compactJson, parseJson } from "./canonical.js";
+import { canonicalJson, compactJson, parseJson } from "./canonical.js";
 import {
   buildSpec,
   type CapabilityOptions,
@@ -506,11 +506,11 @@ export class Runtime {
         thrown instanceof CapabilityError &&
         spec.errors.has(thrown.code) &&
         thrown.exposeToModel &&
-        (thrown.details === null || isJson(thrown.details))
+        isRecordable(thrown.details)
       ) {
         return this.report(granted, { error: thrown });
       }
-      // Undeclared, or details no JSON can carry (NaN, a BigInt): concealed.
+      // Undeclared, or details the audit log cannot hold: concealed.
       const error = new CapabilityError("INTERNAL_ERROR", undefined, { cause: thrown });
       return this.report(granted, { error, executed: true });
     }
@@ -734,6 +734,29 @@ async function checkedOutput(
     output = parsed.value;
   }
   return { json: result, output };
+}
+
+/** The largest declared error details a plane records by default (`[limits] max_context_bytes`). */
+const MAX_DETAILS_BYTES = 64 * 1024;
+
+/**
+ * Whether the plane records a declared error's details as they are: a JSON
+ * object as every reader takes it (no NaN or infinity, nothing but JSON's own
+ * kinds, integers within ±(2^53 - 1), well-formed text, nested at most 64
+ * deep) of at most `MAX_DETAILS_BYTES`. A model must not be shown what the
+ * audit log cannot hold: the plane would refuse the report.
+ */
+function isRecordable(details: unknown): boolean {
+  if (details === null || details === undefined) return true;
+  if (!isJson(details) || typeof details !== "object" || Array.isArray(details)) return false;
+  try {
+    canonicalJson(details);
+    const text = compactJson(details);
+    parseJson(text); // an integer beyond ±(2^53 - 1) is written as one the plane refuses
+    return Buffer.byteLength(text, "utf8") <= MAX_DETAILS_BYTES;
+  } catch {
+    return false;
+  }
 }
 
 function isJson(value: unknown, depth = 0): value is Json {

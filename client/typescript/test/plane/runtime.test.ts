@@ -38,6 +38,13 @@ const ran: Record<string, number> = {};
 const count = (name: string) => {
   ran[name] = (ran[name] ?? 0) + 1;
 };
+/** Declared error details the audit log cannot hold, by the amount that asks for them. */
+const UNRECORDABLE: Record<number, JsonObject> = {
+  2: { ratio: Number.NaN },
+  3: { text: "x".repeat(64 * 1024) }, // its JSON is larger than the plane records
+  4: { id: 2 ** 60 },
+  5: { text: "\ud800" },
+};
 /** Calls made at once by the test of reports sent together. */
 const TOGETHER = 100;
 const fast = { maxAttempts: 3, initialBackoffMs: 1, maxBackoffMs: 5, multiplier: 2 };
@@ -53,8 +60,8 @@ function service(at = target, governanceTimeoutMs = 2_000): Runtime {
     },
     (input, ctx) => {
       count("refuse");
-      const odd = (input as { amount: number }).amount === 2;
-      throw ctx.errors.NOT_ELIGIBLE({ details: odd ? { ratio: Number.NaN } : { hint: "smaller" } });
+      const unrecordable = UNRECORDABLE[(input as { amount: number }).amount];
+      throw ctx.errors.NOT_ELIGIBLE({ details: unrecordable ?? { hint: "smaller" } });
     },
   );
   rt.capability(
@@ -152,13 +159,25 @@ describe("a TypeScript service on a real plane", () => {
     assert.equal(ran.refuse, 1);
   });
 
-  test("a declared error whose details JSON cannot carry (NaN) is concealed", async () => {
-    const envelope = await rt.invoke("billing.refuse", { amount: 2 }, { actor });
-    assert.deepEqual(failure(envelope)?.toModel(), {
-      code: "INTERNAL_ERROR",
-      message: "The operation failed.",
-    });
-    assert.equal(envelope.executedBeforeFailure, true);
+  test("a declared error whose details the audit log cannot hold is concealed", async () => {
+    const warnings: string[] = [];
+    const heard = (warning: Error) => warnings.push(warning.message);
+    process.on("warning", heard);
+    try {
+      for (const amount of Object.keys(UNRECORDABLE).map(Number)) {
+        const envelope = await rt.invoke("billing.refuse", { amount }, { actor });
+        assert.deepEqual(failure(envelope)?.toModel(), {
+          code: "INTERNAL_ERROR",
+          message: "The operation failed.",
+        });
+        assert.equal(envelope.executedBeforeFailure, true);
+      }
+      await new Promise((settled) => setImmediate(settled));
+    } finally {
+      process.off("warning", heard);
+    }
+    // The plane took every report: none was refused for its details.
+    assert.deepEqual(warnings, []);
   });
 
   test("an undeclared throw is concealed, and the handler ran", async () => {
