@@ -185,9 +185,11 @@ def policy_test(
 ) -> None:
     """Run the test cases in DIRECTORY/tests against the policies in DIRECTORY.
 
-    A case naming a capability by id calls it as registered (its version,
-    service, side effect and tags), read from the same sources as for `check`
-    (--target, --store, --capabilities, DIRECTORY/capabilities.json).
+    A case calls its capability as registered, read from the same sources as
+    for `check` (--target, --store, --capabilities, DIRECTORY/capabilities.json):
+    named by id, with its version, service, side effect and tags; its input
+    checked against the input schema (an input the plane refuses fails the
+    case) and typed as the plane types it.
 
     Prints a PASS/FAIL line per case, the rules no case made match, the
     condition outcomes no case produced (each && and || operand, and each

@@ -217,8 +217,8 @@ def load_test_cases(
     problem. With ``capabilities`` (``registered_capabilities``), a case
     calls a registered capability as the plane would: named by id, with its
     version, service, side effect and tags; with its input checked against
-    the input schema (an input the plane would refuse is a problem) and
-    typed as the plane types it.
+    the input schema (``LoadedCase.input_issues``: the case fails unless a
+    hide rule hides the capability) and typed as the plane types it.
     """
     cases: list[LoadedCase] = []
     problems: list[Problem] = []
