@@ -29,7 +29,7 @@ from pydantic_core import ErrorDetails
 
 from warden_server import tomlpos
 from warden_server.placement import usable_cpus
-from warden_server.policy.model import parse_duration
+from warden_server.policy.model import MAX_TTL_DAYS, parse_duration
 
 _NAMESPACE = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
 
@@ -115,7 +115,7 @@ class ServerSection(_Section):
     @field_validator("approval_ttl")
     @classmethod
     def _ttl_is_duration(cls, value: str) -> str:
-        if parse_duration(value) <= 0:
+        if parse_duration(value, longest_days=MAX_TTL_DAYS) <= 0:
             raise ValueError(f"{value!r}: an approval request open for no time expires at once")
         return value
 

@@ -39,21 +39,21 @@ _PER_UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
 _PER_UNITS |= {"h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 
 
-def parse_duration(text: str) -> int:
-    """Seconds in a duration such as ``90s``, ``30m``, ``1h`` or ``7d``, at
-    most ``MAX_DURATION_DAYS``."""
+def parse_duration(text: str, *, longest_days: int | None = None) -> int:
+    """Seconds in a duration such as ``90s``, ``30m``, ``1h`` or ``7d``; with
+    ``longest_days``, at most that many days."""
     match = _DURATION.match(text.strip())
     if not match:
         raise ValueError(f"{text!r} is not a duration like 90s, 30m, 1h or 7d")
     seconds = int(match.group(1)) * _UNITS[match.group(2)]
-    if seconds > MAX_DURATION_DAYS * 86_400:
-        raise ValueError(f"{text!r} is longer than the longest duration, {MAX_DURATION_DAYS}d")
+    if longest_days is not None and seconds > longest_days * 86_400:
+        raise ValueError(f"{text!r} is longer than the longest duration, {longest_days}d")
     return seconds
 
 
-MAX_DURATION_DAYS: Final = 36_500
-"""A hundred years: a longer duration (a ttl, a retention, a window) is a
-mistake, and one past the calendar's end cannot be added to a time at all."""
+MAX_TTL_DAYS: Final = 36_500
+"""A hundred years: an approval request open longer is a mistake, and one
+past the calendar's end cannot be added to a time at all."""
 
 
 def parse_per(text: str, *, whole: bool) -> tuple[float, int]:
@@ -179,7 +179,7 @@ class Rule(_Strict):
     @field_validator("ttl")
     @classmethod
     def _ttl_is_duration(cls, value: str | None) -> str | None:
-        if value is not None and parse_duration(value) <= 0:
+        if value is not None and parse_duration(value, longest_days=MAX_TTL_DAYS) <= 0:
             raise ValueError(
                 f"{value!r}: an approval request open for no time expires at once;"
                 " give a duration above zero, like 1h"
