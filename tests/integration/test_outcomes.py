@@ -233,36 +233,29 @@ def test_a_declared_error_whose_details_are_not_json_is_concealed(
     into the model's text, or raised TypeError out of the function-calling
     adapter; details over 64 KiB were shown while the plane refused the
     report, so the audit log never had the outcome)."""
-    rt = warden.Runtime(lab_plant.target, service="orders", token=ORDERS_TOKEN)
-
-    @rt.capability(
-        "orders.odd",
-        input=EchoOut,
-        output=EchoOut,
-        side_effect="read",
-        errors={"ODD": "Odd numbers are refused."},
-    )
-    def odd(inp: EchoOut, ctx: warden.Context) -> EchoOut:
-        raise ctx.errors.ODD(details=details)
-
-    try:
-        env = rt.invoke("orders.odd", {"n": 1}, actor=lab_plant.token())
-        assert rt.flush(timeout_ms=10_000) == 0
-    finally:
-        rt.close()
+    env, outcome = raised_with_details(lab_plant, details)
     assert env.error is not None
     assert env.error.to_model() == {"code": "INTERNAL_ERROR", "message": "The operation failed."}
     assert env.executed_before_failure
     assert isinstance(env.error.cause, warden.CapabilityError) and env.error.cause.code == "ODD"
-    (outcome,) = lab_plant.events(kind="outcome", invocation_id=env.invocation_id)
     assert (outcome["status"], outcome["code"]) == ("failed", "INTERNAL_ERROR")
 
 
 def test_declared_details_as_large_as_the_plane_records_are_shown_and_recorded(
     lab_plant: Plant,
 ) -> None:
-    rt = warden.Runtime(lab_plant.target, service="orders", token=ORDERS_TOKEN)
     details = {"text": "x" * (64 * 1024 - len('{"text":""}'))}
+    env, outcome = raised_with_details(lab_plant, details)
+    assert env.error is not None and env.error.to_model()["details"] == details
+    assert (outcome["status"], outcome["code"]) == ("failed", "ODD")
+
+
+def raised_with_details(
+    plant: Plant, details: dict[str, Any]
+) -> tuple[warden.Envelope, dict[str, Any]]:
+    """A call whose handler raises a declared error with ``details``, and its
+    outcome as the audit log recorded it (every report taken)."""
+    rt = warden.Runtime(plant.target, service="orders", token=ORDERS_TOKEN)
 
     @rt.capability(
         "orders.odd",
@@ -275,13 +268,12 @@ def test_declared_details_as_large_as_the_plane_records_are_shown_and_recorded(
         raise ctx.errors.ODD(details=details)
 
     try:
-        env = rt.invoke("orders.odd", {"n": 1}, actor=lab_plant.token())
+        env = rt.invoke("orders.odd", {"n": 1}, actor=plant.token())
         assert rt.flush(timeout_ms=10_000) == 0
     finally:
         rt.close()
-    assert env.error is not None and env.error.to_model()["details"] == details
-    (outcome,) = lab_plant.events(kind="outcome", invocation_id=env.invocation_id)
-    assert (outcome["status"], outcome["code"]) == ("failed", "ODD")
+    (outcome,) = plant.events(kind="outcome", invocation_id=env.invocation_id)
+    return env, outcome
 
 
 def test_output_invalid_withholds_output_and_reports_execution(
