@@ -353,6 +353,8 @@ class JoinedProcesses:
         if self._stopping.wait(STOP_SETTLE_S):
             return pause
         with self._lock:
+            if self._stopping.is_set():  # since: ``stop`` has taken the processes
+                return pause
             old = self._joined[index]
         lived = ended_at - old.started_at
         old.join(timeout=0)  # it ended: this takes its status from the forkserver
