@@ -168,6 +168,45 @@ def test_a_reference_to_a_boolean_schema_is_a_schema_like_any_other() -> None:
         compile_validator({"properties": {"a": {"$ref": "#/$defs/missing"}}})
 
 
+@pytest.mark.parametrize(
+    "reference",
+    [
+        {"$dynamicRef": "http://127.0.0.1:9/schema"},
+        {"$dynamicRef": "file:///etc/passwd"},
+        {"$ref": "https://schemas.example/x.json"},
+    ],
+    ids=["dynamic-url", "dynamic-file", "remote-ref"],
+)
+def test_no_reference_reaches_outside_the_schema(reference: dict[str, str]) -> None:
+    """A schema is the whole rule: a reference to a URL or a file would make
+    the plane fetch it on every call, and let the rule change after its
+    digest was taken."""
+    with pytest.raises(InvalidSchemaError, match="is remote; put the schema under"):
+        compile_validator({"type": "object", "properties": {"a": reference}})
+
+
+def test_references_resolve_at_registration_as_the_validator_resolves_them() -> None:
+    """A plain-name fragment needs its ``$anchor``; a pointer is
+    percent-decoded: what registers, validates (an invalid input is an
+    issue, never an error of the plane)."""
+    with pytest.raises(InvalidSchemaError, match="does not resolve"):
+        compile_validator({"properties": {"a": {"$ref": "#nope"}}})
+    with pytest.raises(InvalidSchemaError, match="does not resolve"):
+        compile_validator(
+            {"$defs": {"a%20b": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/a%20b"}}}
+        )
+    for schema in (
+        {"$defs": {"a b": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/a%20b"}}},
+        {
+            "$defs": {"s": {"$anchor": "str", "type": "string"}},
+            "properties": {"a": {"$ref": "#str"}},
+        },
+    ):
+        validator = compile_validator(schema)
+        assert validation_issues(validator, {"a": 1}) == [Issue("/a", "must be of type string")]
+        assert validation_issues(validator, {"a": "x"}) == []
+
+
 def test_a_false_subschema_names_the_value_it_refuses() -> None:
     """A ``false`` under ``properties``, ``prefixItems`` or ``patternProperties``
     refuses one member or item: the issue is at that member's path, not at

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import referencing
 from jsonschema import Draft202012Validator, FormatChecker, validators
 from jsonschema.exceptions import SchemaError, ValidationError
 from jsonschema.protocols import Validator
@@ -75,14 +76,22 @@ def compile_validator(schema: Schema) -> SchemaValidator:
         raise InvalidSchemaError(f"invalid JSON Schema at {where}: {exc.message}") from None
     _check_markings(schema)
     _check_patterns(schema)
-    for where, ref in _refs(schema, ""):
+    anchors = set(_anchors(schema))
+    for where, keyword, ref in _refs(schema, ""):
         if not ref.startswith("#"):
             raise InvalidSchemaError(
-                f"$ref {ref!r} at {where or '/'} is remote; put the schema under $defs"
+                f"{keyword} {ref!r} at {where or '/'} is remote; put the schema under $defs"
             )
-        if ref != "#" and resolve_pointer(schema, ref) is None:
-            raise InvalidSchemaError(f"$ref {ref!r} at {where or '/'} does not resolve")
-    validator: Validator = _LinearValidator(schema, format_checker=_FORMATS)
+        pointer = ref == "#" or ref.startswith("#/")
+        if (pointer and resolve_pointer(schema, ref) is None) or (
+            not pointer and ref[1:] not in anchors
+        ):
+            raise InvalidSchemaError(f"{keyword} {ref!r} at {where or '/'} does not resolve")
+    # An empty registry: a reference is resolved within the schema or not at
+    # all, never retrieved (jsonschema would fetch a URL or read a file).
+    validator: Validator = _LinearValidator(
+        schema, format_checker=_FORMATS, registry=referencing.Registry()
+    )
     return SchemaValidator(validator, compile_predicate(schema, _FORMATS))
 
 
@@ -290,16 +299,30 @@ def _check_patterns(schema: Schema) -> None:
         raise InvalidSchemaError("; ".join(problems))
 
 
-def _refs(node: object, where: str) -> Iterator[tuple[str, str]]:
+def _refs(node: object, where: str) -> Iterator[tuple[str, str, str]]:
+    """Every reference in a schema (``$ref``, ``$dynamicRef``): where, which, to what."""
     if isinstance(node, Mapping):
         for key, child in node.items():
-            if key == "$ref" and isinstance(child, str):
-                yield where, child
+            if key in ("$ref", "$dynamicRef") and isinstance(child, str):
+                yield where, key, child
             else:
                 yield from _refs(child, f"{where}/{key}")
     elif isinstance(node, list):
         for index, child in enumerate(node):
             yield from _refs(child, f"{where}/{index}")
+
+
+def _anchors(node: object) -> Iterator[str]:
+    """The names a schema gives its parts (``$anchor``, ``$dynamicAnchor``)."""
+    if isinstance(node, Mapping):
+        for key, child in node.items():
+            if key in ("$anchor", "$dynamicAnchor") and isinstance(child, str):
+                yield child
+            else:
+                yield from _anchors(child)
+    elif isinstance(node, list):
+        for child in node:
+            yield from _anchors(child)
 
 
 def validation_issues(validator: SchemaValidator, instance: JSONValue) -> list[Issue]:

@@ -22,6 +22,7 @@ import json
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any, Final
+from urllib.parse import unquote
 
 from jsonschema import FormatChecker
 
@@ -204,11 +205,13 @@ class _Compiler:
 
 
 def resolve_pointer(root: object, ref: str) -> object | None:
-    """The node a local ``$ref`` names (``#`` and a JSON Pointer after it), or
-    None when nothing is there."""
+    """The node a local ``$ref`` names (``#`` and a JSON Pointer after it,
+    percent-encoded as a URI fragment), or None when nothing is there."""
+    if ref != "#" and not ref.startswith("#/"):
+        return None  # an anchor's name, not a pointer
     node = root
     for raw in ref.removeprefix("#").split("/")[1:]:
-        part = raw.replace("~1", "/").replace("~0", "~")
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")
         if isinstance(node, Mapping) and part in node:
             node = node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
